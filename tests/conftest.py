@@ -1,0 +1,19 @@
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("ATTNREPRO_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes more than ~30 s")
+
+
+@pytest.fixture
+def shared_data():
+    "The offline data folder beside the project; tests needing it skip when it is absent."
+    if not (SHARED_DATA / "README.md").exists():
+        pytest.skip(f"shared offline data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,131 @@
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from attnrepro import data
+from attnrepro.data import (ChecksumError, DataNotFoundError, class_balanced_subset, get_dataset, train_transform,
+                            eval_transform, verify_archive)
+
+
+@pytest.fixture(scope="module")
+def cifar_sample():
+    return get_dataset("cifar10-sample", "train")
+
+
+def test_embedded_samples_load_offline():
+    tiny = get_dataset("tiny-imagenet-sample", "train")
+    assert len(tiny) == 200 and len(tiny.classes) == 10
+    assert tiny.images.shape == (200, 64, 64, 3) and tiny.images.dtype == np.uint8
+    assert len(tiny.boxes) == 200 and all(b.shape == (1, 4) for b in tiny.boxes)
+    x0, y0, x1, y1 = tiny.boxes[0][0]
+    assert 0 <= x0 <= x1 < 64 and 0 <= y0 <= y1 < 64
+    val = get_dataset("tiny-imagenet-sample", "val")
+    assert len(val) == 100 and np.bincount(val.targets).tolist() == [10] * 10
+    test = get_dataset("cifar10-sample", "test")
+    assert len(test) == 100 and test.classes[0] == "airplane"
+
+
+def test_transform_applied(cifar_sample):
+    ds = get_dataset("cifar10-sample", "train", transform=eval_transform(32))
+    x, y = ds[5]
+    assert isinstance(x, torch.Tensor) and x.shape == (3, 32, 32) and isinstance(y, int)
+
+
+@pytest.mark.parametrize("fraction,per_class", [(0.05, 2), (0.1, 3), (0.3, 9), (0.5, 15), (1.0, 30)])
+def test_subset_sizes(cifar_sample, fraction, per_class):
+    sub = class_balanced_subset(cifar_sample, fraction, seed=0)
+    # 30 images per class: round(30 * fraction) per class, half rounded up (0.05 * 30 = 1.5 -> 2)
+    assert np.bincount(sub.targets, minlength=10).tolist() == [per_class] * 10
+    assert sub.targets == [cifar_sample.targets[i] for i in sub.indices]
+
+
+def test_subsets_nested_and_deterministic(cifar_sample):
+    fracs = [0.05, 0.1, 0.3, 0.5, 1.0]
+    subsets = [set(class_balanced_subset(cifar_sample, f, seed=3).indices) for f in fracs]
+    for small, big in zip(subsets, subsets[1:]):
+        assert small < big
+    assert class_balanced_subset(cifar_sample, 0.3, seed=3).indices == class_balanced_subset(cifar_sample, 0.3, seed=3).indices
+    assert class_balanced_subset(cifar_sample, 0.3, seed=4).indices != class_balanced_subset(cifar_sample, 0.3, seed=3).indices
+    by_count = class_balanced_subset(cifar_sample, per_class=9, seed=3)
+    assert set(by_count.indices) == subsets[2]  # 9 per class == 30 %
+
+
+def test_subset_bad_arguments(cifar_sample):
+    with pytest.raises(ValueError, match="fraction must be in"):
+        class_balanced_subset(cifar_sample, 0.0)
+    with pytest.raises(ValueError, match="exactly one"):
+        class_balanced_subset(cifar_sample)
+    with pytest.raises(ValueError, match="cannot take 31"):
+        class_balanced_subset(cifar_sample, per_class=31)
+
+
+def test_unknown_dataset_and_split():
+    with pytest.raises(ValueError, match="valid names"):
+        get_dataset("imagenet21k", "train")
+    with pytest.raises(ValueError, match="valid splits"):
+        get_dataset("tiny-imagenet-sample", "test")
+
+
+def test_missing_dataset_names_every_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNREPRO_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.setattr(data, "data_roots", lambda root=None: [tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(DataNotFoundError) as e:
+        get_dataset("tiny-imagenet", "train")
+    msg = str(e.value)
+    for root in ["a", "b"]:
+        for name in ["tiny-imagenet-200", "tiny-imagenet-200.zip", "tiny-imagenet-200-s200.zip"]:
+            assert str(tmp_path / root / name) in msg
+    assert "tiny-imagenet-sample" in msg and "To get it" in msg
+
+
+def test_corrupt_archive_is_refused(tmp_path, monkeypatch):
+    bad = tmp_path / "cifar10-jpg.tar.gz"
+    bad.write_bytes(b"\x1f\x8b garbage")
+    with pytest.raises(ChecksumError, match="corrupt"):
+        verify_archive(bad)
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "data_roots", lambda root=None: [tmp_path])
+    with pytest.raises(ChecksumError):
+        get_dataset("cifar10", "train")
+    assert not list((tmp_path / "cache" / "decoded").glob("cifar10-*"))  # nothing half-decoded left
+
+
+def test_decode_once_into_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    ds = get_dataset("cifar10-sample", "test")
+    decoded = list((tmp_path / "cache" / "decoded").glob("cifar10-sample-*"))
+    assert len(decoded) == 1 and (decoded[0] / "meta.json").exists()
+    stamp = (decoded[0] / "test_images.npy").stat().st_mtime_ns
+    ds2 = get_dataset("cifar10-sample", "test")
+    assert (decoded[0] / "test_images.npy").stat().st_mtime_ns == stamp
+    assert np.array_equal(np.asarray(ds.images), np.asarray(ds2.images))
+
+
+def test_digits():
+    tr, te = get_dataset("digits", "train"), get_dataset("digits", "test")
+    assert len(tr) + len(te) == 1797 and tr[0][0].size == (8, 8)
+
+
+@pytest.mark.parametrize("preset", ["none", "weak", "strong"])
+@pytest.mark.parametrize("size", [32, 64, 224])
+def test_transform_presets(preset, size):
+    img = get_dataset("tiny-imagenet-sample", "val")[0][0]
+    x = train_transform(preset, size)(img)
+    assert x.shape == (3, size, size) and torch.isfinite(x).all()
+    with pytest.raises(ValueError, match="valid"):
+        train_transform("medium", size)
+
+
+def test_full_offline_data(shared_data):
+    tiny_val = get_dataset("tiny-imagenet", "val")
+    assert len(tiny_val) == 10000 and len(tiny_val.classes) == 200 and len(tiny_val.boxes) == 10000
+    tiny_train = get_dataset("tiny-imagenet", "train")
+    assert len(tiny_train) == 40000 and np.bincount(tiny_train.targets).tolist() == [200] * 200
+    assert tiny_train.classes == tiny_val.classes
+    c = get_dataset("cifar10", "test")
+    assert len(c) == 10000 and np.bincount(c.targets).tolist() == [1000] * 10
+    s = get_dataset("imagenet-samples", "val")
+    assert len(s) == 100 and s.targets[:3] == [0, 10, 20]
+    assert s[0][0].mode == "RGB"

@@ -1,0 +1,24 @@
+"""A headless papermill run of every paper notebook at the smoke profile, as `attnrepro reproduce` does it."""
+import json
+
+import pytest
+
+from attnrepro.core import project_root
+from attnrepro.runner import output_dir, run_paper, runnable_papers
+
+PAPERS = runnable_papers()
+
+
+def test_every_known_paper_has_metadata():
+    root = project_root()
+    expected = {"teachers", "aal", "attndistill", "bootstrapping_vit", "attention_transfer", "gta"}
+    assert expected <= {p.name for p in (root / "papers").iterdir() if (p / "paper.yaml").exists()}
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_smoke_run(paper):
+    manifest = run_paper(paper, "smoke")
+    out = output_dir(paper, "smoke")
+    assert json.loads((out / "manifest.json").read_text())["profile"] == "smoke"
+    assert (out / f"{paper}.ipynb").exists()
+    assert manifest["wall_time_s"] > 0

@@ -1,0 +1,113 @@
+"""The papermill runner and CLI, on a throw-away project holding one demo paper notebook."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnrepro.cli import main
+from attnrepro.runner import PaperFailed, reproduce, run_paper, status
+
+FIXTURE = Path(__file__).parent / "fixtures" / "demo_paper.ipynb"
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "nbs" / "papers").mkdir(parents=True)
+    shutil.copy(FIXTURE, tmp_path / "nbs" / "papers" / "demo.ipynb")
+    (tmp_path / "papers" / "demo").mkdir(parents=True)
+    (tmp_path / "papers" / "demo" / "paper.yaml").write_text("short: demo\ntitle: Demo\noutputs: [table_1]\n")
+    (tmp_path / "papers" / "nonb").mkdir(parents=True)
+    (tmp_path / "papers" / "nonb" / "paper.yaml").write_text("short: nonb\ntitle: No notebook yet\n")
+    return tmp_path
+
+
+def calls(project):
+    f = project / "calls.txt"
+    return f.read_text().split() if f.exists() else []
+
+
+def test_run_publishes_outputs_and_manifest(project):
+    man = run_paper("demo", "mini", root=project, params={"counter_file": str(project / "calls.txt")})
+    out = project / "outputs" / "demo"
+    names = {p.name for p in out.iterdir()}
+    assert {"table_1.csv", "table_1.md", "claims.md", "manifest.json", "demo.ipynb", "runs"} <= names
+    assert len(list((out / "runs").glob("*.json"))) == 2
+    disk = json.loads((out / "manifest.json").read_text())
+    assert disk["profile"] == "mini" and disk["seeds"] == [0, 1] and len(disk["runs"]) == 2
+    assert {"git_commit", "wall_time_s", "packages"} <= set(disk) and disk["packages"]["torch"]
+    assert {r["hash"] for r in disk["runs"]} == {p.stem for p in (out / "runs").glob("*.json")}
+    assert "(ours, mini)" in (out / "table_1.md").read_text()
+    assert man["claims"][0]["holds"] is True
+    assert not list((project / "outputs").glob(".staging*"))
+
+
+def test_smoke_goes_to_its_own_folder(project):
+    run_paper("demo", "smoke", root=project, params={"counter_file": str(project / "calls.txt")})
+    assert (project / "outputs" / "smoke" / "demo" / "manifest.json").exists()
+    assert not (project / "outputs" / "demo").exists()
+
+
+def test_cache_reuse_and_force(project):
+    p = {"counter_file": str(project / "calls.txt")}
+    run_paper("demo", "mini", root=project, params=p)
+    run_paper("demo", "mini", root=project, params=p)
+    assert calls(project) == ["0", "1"]  # second regeneration trained nothing
+    run_paper("demo", "mini", root=project, params=p, force=True)
+    assert calls(project) == ["0", "1", "0", "1"]
+
+
+def test_failure_keeps_old_outputs_and_finished_runs(project):
+    p = {"counter_file": str(project / "calls.txt")}
+    run_paper("demo", "mini", root=project, params=p)
+    out = project / "outputs" / "demo"
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    shutil.rmtree(out / "runs")  # pretend run 0 and 1 were never trained
+    with pytest.raises(PaperFailed, match=r"failed in cell \d+.*RuntimeError: boom"):
+        run_paper("demo", "mini", root=project, params=dict(p, fail_after_first_run=True))
+    assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == before
+    assert len(list((out / "runs").glob("*.json"))) == 1  # the run finished before the failure survives
+    assert (project / "outputs" / ".failed" / "demo" / "demo.ipynb").exists()
+    # going on: only the missing run trains
+    run_paper("demo", "mini", root=project, params=p)
+    assert calls(project) == ["0", "1", "0", "1"]
+
+
+def test_reproduce_goes_on_after_a_failure(project):
+    res = reproduce(["demo"], "mini", root=project, params={"counter_file": str(project / "calls.txt"),
+                                                           "fail_after_first_run": True}, progress=False)
+    assert isinstance(res["demo"], PaperFailed)
+
+
+def test_bad_arguments(project):
+    with pytest.raises(ValueError, match=r"known papers: \['demo', 'nonb'\]"):
+        run_paper("nope", "mini", root=project)
+    with pytest.raises(ValueError, match="no notebook yet"):
+        run_paper("nonb", "mini", root=project)
+    with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'paper'\]"):
+        run_paper("demo", "tiny", root=project)
+    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run'\]"):
+        run_paper("demo", "mini", root=project, params={"lr": 1})
+    with pytest.raises(ValueError, match="reserved"):
+        run_paper("demo", "mini", root=project, params={"profile": "paper"})
+    with pytest.raises(ValueError, match="Unknown paper"):
+        reproduce(["demo", "nope"], root=project)
+
+
+def test_status_lists_outputs(project):
+    run_paper("demo", "mini", root=project, params={"counter_file": str(project / "calls.txt")})
+    rows = {r["paper"]: r for r in status(project)}
+    assert rows["demo"]["notebook"] and not rows["nonb"]["notebook"]
+    assert rows["demo"]["mini"]["runs"] == 2 and "table_1.csv" in rows["demo"]["mini"]["files"]
+
+
+def test_cli_errors_list_valid_choices():
+    exe = Path(sys.executable).parent / "attnrepro"  # the console script
+    r = subprocess.run([str(exe), "reproduce", "--profile", "huge"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr and "'smoke', 'mini', 'paper'" in r.stderr
+    assert main(["reproduce", "--paper", "nope"]) == 2
+    with pytest.raises(SystemExit):
+        main(["reproduce", "--param", "novalue"])
