@@ -1,5 +1,7 @@
 # One command to set up and regenerate the smoke outputs, one to set up and test. Everything runs offline.
 SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
+QUIET_PIP := 2>&1 | { grep -v '^WARNING: Location' || true; }
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,8 +13,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 setup: $(BIN)/python  ## venv + torch (from the local wheel cache) + attnrepro (editable, with dev tools) + kernel
-	$(BIN)/pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
+	$(BIN)/pip install -q --disable-pip-version-check torch==2.14.1 torchvision==0.29.1 $(QUIET_PIP)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(QUIET_PIP)
 	$(BIN)/python -m ipykernel install --sys-prefix --name attnrepro --display-name "Python (attnrepro)" >/dev/null
 
 reproduce: setup  ## regenerate every paper notebook at $(PROFILE) (default smoke: outputs/smoke/<paper>/)
@@ -29,8 +31,7 @@ sync: export clean-nbs  ## fail if the notebooks and the library (or clean noteb
 	@test -z "$$(git status --porcelain --untracked-files=all -- attnrepro | grep -v __pycache__)" || \
 	  (echo "untracked files in attnrepro/ after export"; git status --porcelain -- attnrepro; exit 1)
 
-test: setup sync  ## notebooks' own cells (nbdev_test), then pytest: library, runner, smoke run of every paper notebook
-	cd nbs && ../$(BIN)/nbdev_test --n_workers 2
+test: setup  ## pytest: export sync, every notebook's own cells, library, runner, a smoke run of every paper notebook
 	$(BIN)/pytest -q -ra tests
 
 test-fast:  ## pytest only, without setup or the slow tests

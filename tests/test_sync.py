@@ -38,3 +38,13 @@ def test_notebooks_are_clean():
                 dirty.append(nb.name)
                 break
     assert not dirty, f"run nbdev_clean on {dirty}"
+
+
+def test_environment_yml_has_the_same_pins_as_settings_ini():
+    import configparser
+    cfg = configparser.ConfigParser(delimiters=["="])
+    cfg.read(ROOT / "settings.ini")
+    d = cfg["DEFAULT"]
+    pins = set((d["requirements"] + " " + d["pip_requirements"] + " " + d["dev_requirements"]).split())
+    env = {l.strip()[2:] for l in (ROOT / "environment.yml").read_text().splitlines() if "==" in l}
+    assert pins == env, f"only in settings.ini: {pins - env}; only in environment.yml: {env - pins}"
