@@ -13,6 +13,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 import timm
 from timm.models.convit import ConVit
+
+from .data import data_roots, sha256_file  # one search order and one hasher for data and weights
 from timm.models.deit import VisionTransformerDistilled
 from timm.models.efficientnet import EfficientNet
 from timm.models.pit import PoolingVisionTransformer
@@ -21,18 +23,16 @@ from timm.models.vision_transformer import VisionTransformer
 from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
 
 # %% auto #0
-__all__ = ['IMAGENET_MEAN', 'IMAGENET_STD', 'CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD',
-           'STUDENT_ARCHS', 'CHECKPOINT_SUFFIXES', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1',
-           'BUILTIN_TEACHERS', 'pit_stage_depths', 'create_student', 'describe_model', 'count_flops',
-           'LegacyBatchNorm2d', 'ShortcutA', 'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError',
-           'sha256_file', 'unwrap_state_dict', 'read_state_dict', 'load_state_dict_strict', 'data_search_dirs',
-           'verify_hash_prefix', 'find_cifar_resnet_weights', 'arch_config', 'build_model',
+__all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS',
+           'CHECKPOINT_SUFFIXES', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1', 'BUILTIN_TEACHERS',
+           'pit_stage_depths', 'create_student', 'describe_model', 'count_flops', 'LegacyBatchNorm2d', 'ShortcutA',
+           'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError', 'unwrap_state_dict', 'read_state_dict',
+           'load_state_dict_strict', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'arch_config', 'build_model',
            'efficientnet_lite0_weights_path', 'map_lite0_state_dict', 'teacher_names', 'load_teacher', 'save_teacher',
            'intermediate_features', 'block_names', 'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .data import IMAGENET_MEAN, IMAGENET_STD  # one definition, re-exported here
 # canonical CIFAR-10 statistics (true per-channel std), for students trained from scratch on CIFAR;
 # the CIFAR ResNet *teachers* expect IMAGENET_MEAN/STD
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -261,13 +261,6 @@ def _keys(keys, n: int = 12) -> str:
     keys = list(keys)
     return ", ".join(map(str, keys[:n])) + (f" ... (+{len(keys) - n} more)" if len(keys) > n else "")
 
-def sha256_file(path: Path | str, chunk: int = 1 << 20) -> str:
-    "Hex sha256 of a file."
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk): h.update(b)
-    return h.hexdigest()
-
 def unwrap_state_dict(obj, source: str = "checkpoint") -> dict[str, torch.Tensor]:
     "The tensor dict inside a loaded checkpoint: `sd`, `{'model': sd}` or `{'state_dict': sd}`; a `module.` prefix on every key is removed."
     if not isinstance(obj, dict):
@@ -322,17 +315,6 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict, source: str = "st
     return model
 
 # %% ../nbs/03_models.ipynb #0dfba621
-def data_search_dirs(data_root: Path | str | None = None) -> list[Path]:
-    "Folders searched for shared data/weights, in order: `data_root`, `$ATTNREPRO_DATA`, `<project>/../shared/data`, `cache_dir('data')`."
-    dirs = [Path(data_root).expanduser()] if data_root is not None else []
-    dirs += [Path(p).expanduser() for p in os.environ.get("ATTNREPRO_DATA", "").split(os.pathsep) if p]
-    try:
-        dirs.append(project_root().parent / "shared" / "data")
-    except FileNotFoundError:  # installed outside a clone: no ../shared
-        pass
-    dirs.append(cache_dir("data"))
-    return list(dict.fromkeys(d.resolve() for d in dirs))
-
 _HASHED_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z]+$")
 
 def verify_hash_prefix(path: Path | str) -> str:
@@ -348,9 +330,9 @@ def verify_hash_prefix(path: Path | str) -> str:
     return digest
 
 def find_cifar_resnet_weights(depth: int, data_root: Path | str | None = None) -> Path:
-    "The verified `resnet<depth>-<hash>.th` file of the first search folder holding one (see `data_search_dirs`)."
+    "The verified `resnet<depth>-<hash>.th` file of the first search folder holding one (see `attnrepro.data.data_roots`)."
     looked = []
-    for d in data_search_dirs(data_root):
+    for d in data_roots(data_root):
         for folder in (d / "weights", d):
             looked.append(str(folder))
             hits = sorted(p for p in folder.glob(f"resnet{depth}-*.th") if _HASHED_NAME.search(p.name)) \

@@ -269,9 +269,9 @@ def test_weights_search_and_hash(shared_data, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNREPRO_DATA", str(tmp_path / "env"))
     with pytest.raises(FileNotFoundError) as e:                 # no ResNet-110 anywhere: every place is named
         M.find_cifar_resnet_weights(110, data_root=tmp_path / "explicit")
-    for d in M.data_search_dirs(tmp_path / "explicit"):
+    for d in M.data_roots(tmp_path / "explicit"):
         assert str(d) in str(e.value)
-    assert M.data_search_dirs(tmp_path / "explicit")[:2] == [(tmp_path / "explicit").resolve(), (tmp_path / "env").resolve()]
+    assert M.data_roots(tmp_path / "explicit")[:2] == [(tmp_path / "explicit").resolve(), (tmp_path / "env").resolve()]
 
 # ---- feature taps -----------------------------------------------------------------------------------
 
