@@ -17,8 +17,8 @@ __all__ = ['PACKAGE_DIR', 'project_root', 'cache_dir', 'canonical_json', 'config
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
 
 def project_root(start: Path | str | None = None) -> Path:
-    "The nearest folder above `start` (default: the package, then the cwd) holding attnrepro's settings.ini."
-    starts = [Path(start)] if start is not None else [PACKAGE_DIR, Path.cwd()]
+    "The nearest folder above `start` (default: the cwd, then the package) holding attnrepro's settings.ini."
+    starts = [Path(start)] if start is not None else [Path.cwd(), PACKAGE_DIR]
     for s in starts:
         for d in [s.resolve(), *s.resolve().parents]:
             ini = d / "settings.ini"

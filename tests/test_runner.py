@@ -88,7 +88,7 @@ def test_bad_arguments(project):
         run_paper("nonb", "mini", root=project)
     with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'paper'\]"):
         run_paper("demo", "tiny", root=project)
-    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run'\]"):
+    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run'\]"):
         run_paper("demo", "mini", root=project, params={"lr": 1})
     with pytest.raises(ValueError, match="reserved"):
         run_paper("demo", "mini", root=project, params={"profile": "paper"})
@@ -111,3 +111,30 @@ def test_cli_errors_list_valid_choices():
     assert main(["reproduce", "--paper", "nope"]) == 2
     with pytest.raises(SystemExit):
         main(["reproduce", "--param", "novalue"])
+
+
+def test_ctrl_c_then_rerun_reuses_finished_runs(project):
+    """`attnrepro reproduce` interrupted with Ctrl-C (SIGINT) while the second run trains: the first run's
+    result survives, no staging folder is left, and the next call trains only what is missing."""
+    import os, signal, time
+    (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
+    exe = Path(sys.executable).parent / "attnrepro"
+    counter = str(project / "calls.txt")
+    args = [str(exe), "reproduce", "--paper", "demo", "--profile", "mini", "--param", f"counter_file={counter}"]
+    proc = subprocess.Popen(args + ["--param", "sleep_in_second_run=60"], cwd=project, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    runs = project / "outputs" / "demo" / "runs"
+    deadline = time.time() + 120
+    while time.time() < deadline and "1" not in calls(project):
+        time.sleep(0.5)
+    assert calls(project) == ["0", "1"], proc.communicate(timeout=5)[0]  # run 0 done, run 1 sleeping
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    assert len(list(runs.glob("*.json"))) == 1
+    assert not (project / "outputs" / "demo" / "manifest.json").exists()
+    r = subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert calls(project) == ["0", "1", "1"]  # only the interrupted run trained again
+    assert len(list(runs.glob("*.json"))) == 2
+    assert not list((project / "outputs").glob(".staging*"))

@@ -191,6 +191,22 @@ def test_other_optimizers(opt):
     assert math.isfinite(res["history"][-1]["loss"])
 
 
+def test_dataloaders_and_custom_evaluate_fn():
+    calls = []
+    def evaluate_fn(model, loader, device):
+        calls.append(len(loader.dataset))
+        return {"acc1": 10.0 * len(calls), "custom": torch.tensor(3.0)}
+    g = torch.Generator().manual_seed(0)
+    train = DataLoader(toy_data(32), batch_size=8, shuffle=True, generator=g, drop_last=True)
+    val = DataLoader(toy_data(16, seed=1), batch_size=8)
+    res = fit(tiny_vit(), train, val, TrainConfig(epochs=3, batch_size=8, warmup_epochs=0, eval_every=2),
+              evaluate_fn=evaluate_fn, progress=False)
+    assert calls == [16, 16]                                   # epochs 2 and 3 (the last is always evaluated)
+    assert "val_acc1" not in res["history"][0] and res["history"][1]["val_custom"] == 3.0
+    assert res["best"] == {"acc1": 20.0, "custom": 3.0, "epoch": 2} and res["final"]["acc1"] == 20.0
+    assert res["steps"] == 3 * 4
+
+
 def test_nan_stops_naming_term():
     def bad(ctx):  # NaN at global step 5 = epoch 1, step 1 (4 steps per epoch)
         return ctx.logits.sum() * 0 + (float("nan") if ctx.step == 5 else 0.0)
