@@ -5,6 +5,7 @@
 # %% ../nbs/10_bench.ipynb #d94f5c9d
 from __future__ import annotations
 import dataclasses, datetime, gc, json, os, platform, statistics, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Callable, Sequence
 
@@ -85,9 +86,12 @@ class BenchConfig:
             raise ValueError(f"BenchConfig: warmup must be an int >= 0, got {self.warmup!r}")
         k = self.distill_layers
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.depth):
-            raise ValueError(f"BenchConfig: distill_layers must be None (all blocks) or an int in 1..depth="
-                             f"{self.depth}, got {k!r} (the paper distils 3/4 of the depth: {max(1, 3 * self.depth // 4)})")
-        dev = torch.device(self.device)
+            raise ValueError(f"BenchConfig: distill_layers must be None (all blocks) or an int in 1..{self.depth} "
+                             f"(the depth), got {k!r} (the paper distils 3/4 of the depth: {max(1, 3 * self.depth // 4)})")
+        try:
+            dev = torch.device(self.device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"BenchConfig: device={self.device!r} is not a torch device; choose 'cpu' or 'cuda'") from e
         if dev.type not in ("cpu", "cuda"):
             raise ValueError(f"BenchConfig: device={self.device!r}; choose 'cpu' or 'cuda' ('cuda:N')")
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -225,6 +229,10 @@ def measure_memory(cfg: BenchConfig, variant: str, timeout: float = 600) -> dict
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 # %% ../nbs/10_bench.ipynb #18a457df
+def _load1() -> float | None:
+    "1-minute load average (None where the OS has none, e.g. Windows)."
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
 def _machine(device: str) -> str:
     cpu = f"{os.cpu_count()}-core CPU ({platform.machine()}, {torch.get_num_threads()} torch threads)"
     if torch.device(device).type == "cuda":
@@ -245,15 +253,22 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
     last = {}
     def run(v):
         last[v] = steps[v](x, y)
+    load_before = _load1()
     times = time_steps({v: partial(run, v) for v in variants}, cfg.warmup, cfg.steps, cfg.device)
+    load = (load_before, _load1())
     bad = {v: l.item() for v, l in last.items() if not l.isfinite()}
     if bad:
         raise FloatingPointError(f"run_bench: non-finite losses {bad}; lower lr={cfg.lr}")
     med = {v: statistics.median(t) for v, t in times.items()}
     df = pd.DataFrame({"variant": variants, "median_step_s": [med[v] for v in variants]})
     df["time_ratio"] = df.median_step_s / med["plain"]
+    df["fastest_step_s"] = [min(times[v]) for v in variants]
+    df["fastest_ratio"] = df.fastest_step_s / min(times["plain"])
     if memory:
-        mem = {v: measure_memory(cfg, v) for v in variants}
+        # one process per variant; on CPU they may run side by side (each one's peak is its own)
+        jobs = 1 if torch.device(cfg.device).type == "cuda" else min(len(variants), os.cpu_count() or 1)
+        with ThreadPoolExecutor(jobs) as ex:
+            mem = dict(zip(variants, ex.map(partial(measure_memory, cfg), variants)))
         df["peak_mb"] = [mem[v]["peak_mb"] for v in variants]
         df["memory_ratio"] = df.peak_mb / mem["plain"]["peak_mb"]
         df["rss_peak_mb"] = [mem[v]["rss_peak_mb"] for v in variants]
@@ -265,25 +280,29 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
                     distilled_blocks=f"{depth_k} of {cfg.depth}",
                     memory_definition=MEMORY_DEFINITIONS[torch.device(cfg.device).type] if memory else None,
                     date=datetime.date.today().isoformat(), machine=_machine(cfg.device),
-                    torch=torch.__version__)
+                    torch=torch.__version__, load_average=load)
     return df
 
 def format_bench(df: pd.DataFrame) -> str:
     "The bench table (markdown) with its config, machine and the definitions of its columns."
     names = {"variant": "variant", "median_step_s": "median step (s)", "time_ratio": "time x plain",
+             "fastest_step_s": "fastest step (s)", "fastest_ratio": "fastest x plain",
              "peak_mb": "peak MB", "memory_ratio": "memory x plain", "rss_peak_mb": "process peak RSS MB",
              "paper_time_ratio": "paper time x", "paper_memory_ratio": "paper memory x"}
-    fmt = {"median_step_s": "{:.4f}", "peak_mb": "{:.1f}", "rss_peak_mb": "{:.0f}"}
-    shown = pd.DataFrame({names[c]: [("" if pd.isna(v) else fmt.get(c, "{:.2f}").format(v)) if c != "variant" else v
-                                     for v in df[c]] for c in df.columns})
+    fmt = {"median_step_s": "{:.4f}", "fastest_step_s": "{:.4f}", "peak_mb": "{:.1f}", "rss_peak_mb": "{:.0f}"}
+    def cell(c, v):
+        if c == "variant": return v
+        return "" if pd.isna(v) else fmt.get(c, "{:.2f}").format(v)  # NaN only in paper columns: no reference
+    shown = pd.DataFrame({names[c]: [cell(c, v) for v in df[c]] for c in df.columns})
     cfg = df.attrs.get("config", {})
     lines = [shown.to_markdown(index=False, disable_numparse=True,
                                 colalign=["left"] + ["right"] * (shown.shape[1] - 1)), ""]
     if cfg:
         lines.append(f"config: {', '.join(f'{k}={v}' for k, v in cfg.items())}; distilled blocks: "
                      f"{df.attrs['distilled_blocks']}; random weights (timing does not depend on them)")
-        lines.append(f"timing: median of {cfg['steps']} steps after {cfg['warmup']} warm-up rounds, variants "
-                     "interleaved on one student")
+        lines.append(f"timing: median (and fastest) of {cfg['steps']} steps after {cfg['warmup']} warm-up rounds, "
+                     "variants interleaved on one student; 1-min load average before/after: "
+                     + " / ".join("unavailable" if l is None else f"{l:.2f}" for l in df.attrs["load_average"]))
     if df.attrs.get("memory_definition"):
         lines.append(f"memory: {df.attrs['memory_definition']}")
     lines.append(PAPER_REFERENCE_NOTE)

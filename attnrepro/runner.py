@@ -136,6 +136,7 @@ def reproduce(papers: list[str] | None = None, profile: str = "smoke", force: bo
     bad = [p for p in papers if p not in known]
     if bad: raise ValueError(f"Unknown paper(s) {bad}; known papers: {known}")
     results = {}
+    if not papers: return results
     bar = tqdm(papers, desc=f"reproduce ({profile})", unit="paper", disable=not progress)
     for p in bar:
         bar.set_postfix_str(p)

@@ -331,8 +331,18 @@ json.dump(res, open(out + ".json", "w"))
 
 
 def _run(args, timeout=120, **kw):
+    "Run in a new process group, killed whole on timeout (torchrun's workers must not outlive the test)."
+    import signal
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env, **kw)
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                          start_new_session=True, **kw) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            out, err = p.communicate()
+            raise AssertionError(f"{args[0]} timed out after {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
 
 
 @pytest.mark.slow

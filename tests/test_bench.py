@@ -1,0 +1,179 @@
+"""Cost bench: forward_until, the five training steps, run_bench and the `attnrepro bench` CLI, on tiny configs."""
+import copy
+from functools import partial
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnrepro.attention import AttentionOverride, attention_logits
+from attnrepro.bench import (BENCH_VARIANTS, PAPER_REFERENCE, BenchConfig, build_bench, forward_until, format_bench,
+                             make_step, measure_memory, run_bench, teacher_attention_logits)
+from attnrepro.cli import BENCH_VARIANT_NAMES, main
+from attnrepro.losses import attention_distillation_loss, gta_loss
+from attnrepro.models import create_student
+
+TINY = dict(batch_size=4, img_size=16, patch_size=4, embed_dim=24, depth=3, num_heads=3, num_classes=5)
+
+
+def _vit(**kw):
+    torch.manual_seed(0)
+    return create_student(**(dict(img_size=16, patch_size=4, embed_dim=24, depth=4, num_heads=3, num_classes=5) | kw))
+
+
+def _record_blocks(model):
+    "Forward hooks on every block: (list of block indices in run order, dict index -> last output, handles)."
+    ran, out = [], {}
+    def hook(k, module, inp, o):
+        ran.append(k)
+        out[k] = o
+    return ran, out, [b.register_forward_hook(partial(hook, k)) for k, b in enumerate(model.blocks)]
+
+
+@pytest.mark.parametrize("last", [0, 2, 3, -1])
+def test_forward_until_equals_full_forward_and_stops(last):
+    vit = _vit().eval()
+    x = torch.randn(2, 3, 16, 16)
+    ran, out, handles = _record_blocks(vit)
+    head_calls = []
+    handles += [vit.norm.register_forward_hook(lambda *a: head_calls.append("norm")),
+                vit.head.register_forward_hook(lambda *a: head_calls.append("head"))]
+    with torch.no_grad():
+        vit(x)
+        full = dict(out)
+        ran.clear(); head_calls.clear()
+        got = forward_until(vit, x, last)
+    for h in handles: h.remove()
+    k = last % 4
+    assert ran == list(range(k + 1))  # later blocks never run
+    assert head_calls == []           # nor the final norm and head
+    torch.testing.assert_close(got, full[k], rtol=0, atol=0)
+    # independent reference: timm's own early-stopping intermediates (un-normed)
+    ref = vit.forward_intermediates(x, indices=[k], norm=False, stop_early=True, intermediates_only=True,
+                                    output_fmt="NLC")[0]
+    torch.testing.assert_close(got[:, vit.num_prefix_tokens:], ref)  # timm drops the prefix (CLS) token
+
+
+def test_forward_until_errors():
+    vit = _vit()
+    x = torch.randn(1, 3, 16, 16)
+    with pytest.raises(IndexError, match="0..3"):
+        forward_until(vit, x, 4)
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        forward_until(torch.nn.Linear(2, 2), x, 0)
+
+
+def test_teacher_attention_logits_match_full_forward_and_stop_early():
+    vit = _vit().eval()
+    x = torch.randn(2, 3, 16, 16)
+    ran, _, handles = _record_blocks(vit)
+    t = teacher_attention_logits(vit, x, layers=[0, 1])
+    for h in handles: h.remove()
+    assert ran == [0, 1]
+    assert all(l.is_inference() and not l.requires_grad for l in t)
+    with torch.no_grad():
+        ref = attention_logits(vit, x, layers=[0, 1])
+    for a, b in zip(t, ref):
+        torch.testing.assert_close(a, b)
+    cls = teacher_attention_logits(vit, x, cls_only=True)
+    assert len(cls) == 4 and cls[3].shape == (2, 3, 17)
+    torch.testing.assert_close(cls[1], ref[1][:, :, 0])
+
+
+def _expected_loss(variant, student, teacher, x, y, k):
+    "The step's loss recomputed with full forwards and the library's loss functions (no early stop, no capture ctx)."
+    with torch.no_grad():
+        s_logits = attention_logits(student, x)
+        t_logits = attention_logits(teacher, x)
+        ce = F.cross_entropy(student(x), y)
+        if variant in ("plain", "capture"):
+            return ce
+        if variant == "gta":
+            return ce + sum(gta_loss(s, t) for s, t in zip(s_logits, t_logits))
+        if variant == "distill":
+            return ce + sum(attention_distillation_loss(s, t) for s, t in zip(s_logits[:k], t_logits[:k]))
+        with AttentionOverride(student, source="logits", tensors=t_logits):
+            return F.cross_entropy(student(x), y)
+
+
+@pytest.mark.parametrize("variant", BENCH_VARIANTS)
+def test_step_runs_with_finite_loss_and_grads(variant):
+    cfg = BenchConfig(**TINY, distill_layers=2)
+    student, teacher, opt, x, y = build_bench(cfg)
+    expected = _expected_loss(variant, student, teacher, x, y, cfg.distill_layers)
+    before = [p.detach().clone() for p in student.parameters()]
+    t_ran, _, handles = _record_blocks(teacher)
+    loss = make_step(variant, student, teacher, opt, cfg.distill_layers)(x, y)
+    for h in handles: h.remove()
+    assert loss.ndim == 0 and loss.isfinite() and not loss.requires_grad
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-5)
+    grads = {n: p.grad for n, p in student.named_parameters() if p.grad is not None}
+    assert grads and all(g.isfinite().all() for g in grads.values())
+    assert any(not torch.equal(a, p) for a, p in zip(before, student.parameters()))  # AdamW stepped
+    assert all(p.grad is None for p in teacher.parameters())
+    # the teacher stops after the last block it must provide
+    assert t_ran == {"plain": [], "capture": [], "gta": [0, 1, 2], "distill": [0, 1], "copy": [0, 1, 2]}[variant]
+    if variant == "copy":  # the map comes from the teacher: the student's own q and k get zero gradient
+        qkv = student.blocks[1].attn.qkv.weight.grad
+        assert qkv[:2 * cfg.embed_dim].abs().max() == 0 and qkv[2 * cfg.embed_dim:].abs().max() > 0
+
+
+def test_capture_update_equals_plain():
+    "The zero-weight capture term keeps the logits' graph but leaves the update exactly plain's."
+    cfg = BenchConfig(**TINY)
+    after = {}
+    for v in ("plain", "capture"):
+        student, teacher, opt, x, y = build_bench(cfg, with_teacher=False)
+        step = make_step(v, student, None, opt)
+        for _ in range(2): step(x, y)
+        after[v] = [p.detach().clone() for p in student.parameters()]
+    for a, b in zip(after["plain"], after["capture"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_step_and_config_errors():
+    cfg = BenchConfig(**TINY)
+    student, _, opt, _, _ = build_bench(cfg, with_teacher=False)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        make_step("distill", student, None, opt)
+    with pytest.raises(ValueError, match="copy"):
+        make_step("dino", student, None, opt)
+    with pytest.raises(ValueError, match="1..3"):
+        BenchConfig(**TINY, distill_layers=4)
+    with pytest.raises(ValueError, match="cpu"):
+        BenchConfig(device="tpu")
+    with pytest.raises(ValueError, match="plain"):
+        run_bench(BenchConfig(**TINY), variants=["distill"], memory=False)
+
+
+def test_run_bench_tiny():
+    df = run_bench(BenchConfig(**TINY), steps=2, warmup=1, memory=False)
+    assert list(df.variant) == list(BENCH_VARIANTS)
+    assert (df.median_step_s > 0).all() and df.time_ratio.iloc[0] == 1.0
+    torch.testing.assert_close(torch.tensor(df.time_ratio.values),
+                               torch.tensor((df.median_step_s / df.median_step_s.iloc[0]).values))
+    assert "peak_mb" not in df and all(len(t) == 2 for t in df.attrs["times"].values())
+    assert df.set_index("variant").paper_time_ratio["distill"] == PAPER_REFERENCE["distill"]["time_ratio"]
+    text = format_bench(df)
+    assert "1.32" in text and "Li et al. 2024" in text and "distill" in text
+
+
+def test_memory_probe_in_fresh_process():
+    m = measure_memory(BenchConfig(**TINY, warmup=0), "distill")  # teacher, capture and loss: every code path
+    assert 0 < m["peak_mb"] < m["rss_peak_mb"] and m["rss_base_mb"] > 0, m
+
+
+def test_cli_bench(tmp_path, capsys):
+    assert BENCH_VARIANT_NAMES == ",".join(BENCH_VARIANTS)
+    out = tmp_path / "bench.csv"
+    args = ["bench", "--batch-size", "2", "--img-size", "16", "--patch-size", "4", "--embed-dim", "12", "--depth", "2",
+            "--steps", "1", "--warmup", "0", "--distill-layers", "1", "--no-memory", "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "time x plain" in printed and "distilled blocks: 1 of 2" in printed
+    df = pd.read_csv(out)
+    assert list(df.variant) == list(BENCH_VARIANTS) and df.time_ratio.iloc[0] == 1.0
+    assert main(["bench", "--img-size", "30", "--no-memory"]) == 2          # patch 8 does not tile 30 px
+    assert main(["bench", "--depth", "2", "--distill-layers", "3", "--no-memory"]) == 2
+    assert "distill_layers" in capsys.readouterr().err
