@@ -13,11 +13,12 @@ from .core import atomic_write_json, git_commit, package_versions, project_root
 from .report import PROFILES, check_profile, paper_meta, papers_dir
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'RUNNER_PARAMS', 'PaperFailed', 'paper_notebook', 'known_papers', 'runnable_papers', 'output_dir',
-           'ensure_kernel', 'notebook_parameters', 'run_paper', 'reproduce', 'status']
+__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'paper_notebook', 'known_papers',
+           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'run_paper', 'reproduce', 'status']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
+COMMITTED_PROFILE = "mini"  # the profile whose outputs live in outputs/<short>/ and are committed
 RUNNER_PARAMS = ("profile", "out_dir", "runs_dir", "force")
 
 class PaperFailed(RuntimeError):
@@ -38,7 +39,7 @@ def runnable_papers(root=None) -> list[str]:
 def output_dir(short: str, profile: str, root=None) -> Path:
     check_profile(profile)
     base = Path(root or project_root()) / "outputs"
-    return base / "smoke" / short if profile == "smoke" else base / short
+    return base / short if profile == COMMITTED_PROFILE else base / profile / short
 
 def ensure_kernel(name: str = KERNEL_NAME) -> str:
     "Register this interpreter as Jupyter kernel `name` (in sys.prefix) unless it already points here."

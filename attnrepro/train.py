@@ -27,7 +27,8 @@ from .core import atomic_torch_save, canonical_json, config_hash, seed_everythin
 __all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
            'project_conflicting', 'term_grads', 'assign_grads', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups',
            'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler',
-           'topk_correct', 'evaluate', 'NonFiniteLossError', 'RunState', 'train_one_epoch', 'load_checkpoint', 'fit']
+           'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
+           'load_checkpoint', 'fit']
 
 # %% ../nbs/06_train.ipynb #f8d9c0c6
 Schedule = Callable[[int], float]
@@ -424,6 +425,12 @@ def _loaders(train_data, val_data, cfg: TrainConfig, device: torch.device):
 class NonFiniteLossError(FloatingPointError):
     "A loss term was NaN or inf; training stops rather than skipping the step."
 
+def to_device(x, device: torch.device):
+    "A tensor, or nested lists/tuples of tensors (multi-crop views), moved to `device`."
+    if isinstance(x, torch.Tensor): return x.to(device, non_blocking=True)
+    if isinstance(x, (list, tuple)): return type(x)(to_device(t, device) for t in x)
+    raise TypeError(f"Batch images must be a tensor or a list/tuple of tensors, got {type(x).__name__}")
+
 @dataclasses.dataclass
 class RunState:
     "What `train_one_epoch` needs besides the loader (built by `fit`)."
@@ -475,9 +482,13 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True) ->
     for it, batch in enumerate(bar):
         lr = cosine_lr(run.step, run.steps_per_epoch, cfg.epochs, cfg.warmup_epochs, run.lr, cfg.min_lr)
         for g in run.optimizer.param_groups: g["lr"] = lr * g.get("lr_scale", 1.0)
-        x, y = batch[0].to(run.device, non_blocking=True), batch[1].to(run.device, non_blocking=True)
+        x, y = to_device(batch[0], run.device), batch[1].to(run.device, non_blocking=True)
         target = y
-        if run.mixup is not None: x, target = run.mixup(x, y)
+        if run.mixup is not None:
+            if not isinstance(x, torch.Tensor):
+                raise ValueError(f"Mixup/CutMix (mixup={cfg.mixup}, cutmix={cfg.cutmix}) needs one image tensor per "
+                                 f"batch, got a {type(x).__name__} of {len(x)} (multi-crop views); set mixup=cutmix=0.")
+            x, target = run.mixup(x, y)
         ctx = _make_ctx(run, epoch, weights, it=it, x=x, y=y, target=target, batch=batch, out=None, logits=None)
 
         # DDP's gradient hooks only fit a plain backward; a custom one runs unsynced, then all grads are averaged

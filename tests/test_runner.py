@@ -44,9 +44,10 @@ def test_run_publishes_outputs_and_manifest(project):
     assert not list((project / "outputs").glob(".staging*"))
 
 
-def test_smoke_goes_to_its_own_folder(project):
-    run_paper("demo", "smoke", root=project, params={"counter_file": str(project / "calls.txt")})
-    assert (project / "outputs" / "smoke" / "demo" / "manifest.json").exists()
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+def test_other_profiles_never_touch_the_committed_outputs(project, profile):
+    run_paper("demo", profile, root=project, params={"counter_file": str(project / "calls.txt")})
+    assert (project / "outputs" / profile / "demo" / "manifest.json").exists()
     assert not (project / "outputs" / "demo").exists()
 
 
