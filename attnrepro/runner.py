@@ -14,7 +14,8 @@ from .report import PROFILES, check_profile, paper_meta, papers_dir
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'paper_notebook', 'known_papers',
-           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'run_paper', 'reproduce', 'status']
+           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'compact_progress_output',
+           'run_paper', 'reproduce', 'status']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
@@ -58,6 +59,18 @@ def notebook_parameters(nb: Path) -> dict:
     "The parameters declared in the notebook's `parameters` cell, {name: default}."
     import papermill as pm
     return {k: v.get("default") for k, v in pm.inspect_notebook(str(nb)).items()}
+
+def compact_progress_output(nb_path: Path | str) -> None:
+    """Keep only the final state of progress bars in an executed notebook's stream outputs: each line
+    keeps the text after its last carriage return, as a terminal would show it."""
+    import nbformat
+    nb = nbformat.read(str(nb_path), as_version=4)
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream" and "\r" in out.get("text", ""):
+                out["text"] = "\n".join(line.rsplit("\r", 1)[-1] if line.rstrip("\r") else line
+                                        for line in out["text"].split("\n"))
+    nbformat.write(nb, str(nb_path))
 
 def _publish(staging: Path, final: Path) -> None:
     final.mkdir(parents=True, exist_ok=True)
@@ -114,6 +127,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    compact_progress_output(staging / f"{short}.ipynb")
     used_path = staging / "runs_used.json"
     used = json.loads(used_path.read_text()) if used_path.exists() else {"runs": [], "seeds": []}
     manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, git_commit=commit,
@@ -125,7 +139,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     _publish(staging, final)
     return manifest
 
-# %% ../nbs/08_runner.ipynb #15e5ce43
+# %% ../nbs/08_runner.ipynb #47ecbefe
 def reproduce(papers: list[str] | None = None, profile: str = "smoke", force: bool = False,
               params: dict | None = None, root=None, progress: bool = True, log_output: bool = False) -> dict:
     """Regenerate `papers` (default: every paper with a notebook) at `profile`. A failing paper does not
