@@ -92,7 +92,7 @@ class PaperRun:
         "The cached result of `fn(config, ckpt_dir)`, training only if `runs/<hash>.json` is missing or `force`."
         h = config_hash(config)
         path = self.runs_dir / f"{h}.json"
-        if path.exists() and not self.force and h not in self.used:
+        if path.exists() and (not self.force or h in self.used):  # with force, retrain once per execution
             try: rec = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
