@@ -1,0 +1,243 @@
+"""AAL (Jin & Choi): Eq. 3 maps, attention links (Eq. 4), loss (Eq. 5), lambda schedule, link masks, Algorithm 1, method."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from attnrepro.aal import (AttentionLinks, aal_lambda_schedule, aal_loss, aal_method, aal_param_count,
+                           cls_attention_maps, cnn_block_channels, deit_distillation_term, link_history,
+                           link_magnitudes, link_mask, paper_link_mask, renormalize, select_links,
+                           teacher_block_maps, vit_map_layout)
+from attnrepro.attention import AttentionCapture
+from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
+from attnrepro.models import EFFICIENTNET_LITE_MEAN, EFFICIENTNET_LITE_STD, cifar_resnet, create_student
+from attnrepro.train import TrainConfig, fit
+
+
+def tiny(arch="vit", seed=0):
+    torch.manual_seed(seed)
+    return create_student(arch, img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+
+
+def synthetic(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g))
+
+
+# --- Eq. 3 maps -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch,prefix", [("vit", 1), ("deit", 2)])
+def test_cls_maps_shape_and_eq3(arch, prefix):
+    m = tiny(arch).eval()
+    lay = vit_map_layout(m)
+    assert (lay["grid"], lay["prefix_tokens"], lay["num_maps"]) == ((4, 4), prefix, 4)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad(), AttentionCapture(m, what=("maps", "q", "k"), cls_only=True) as cap:
+        m(x)
+    A = cls_attention_maps(cap.maps, lay["grid"], prefix)
+    assert A.shape == (3, 4, 4, 4) and torch.isfinite(A).all()
+    # Eq. 3 by hand for every layer/head: softmax over the patch keys of the CLS query, row-major grid
+    for n in range(2):
+        q, k = cap.q[n], cap.k[n]
+        ref = ((q[:, :, 0:1] * m.blocks[n].attn.scale) @ k[:, :, prefix:].transpose(-2, -1)).softmax(-1)
+        for h in range(2):
+            torch.testing.assert_close(A[:, n * 2 + h], ref[:, h, 0].reshape(3, 4, 4), rtol=1e-5, atol=1e-6)
+
+
+def test_cls_maps_bad_shape():
+    with pytest.raises(ValueError, match="prefix"):
+        cls_attention_maps([torch.rand(2, 2, 16)], (4, 4), 1)  # 16 tokens cannot be CLS + 4x4 patches
+
+
+def test_unsupported_student():
+    with pytest.raises(TypeError, match="PiT"):
+        vit_map_layout(create_student("pit", img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2))
+
+
+# --- teacher maps, renormalisation ---------------------------------------------------------------------------
+
+def test_teacher_maps_resized_bicubic():
+    r = cifar_resnet(20).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        out, maps = teacher_block_maps(r, x, grid=(4, 4))
+        _, raw = teacher_block_maps(r, x)
+    assert out.shape == (2, 10) and [tuple(t.shape) for t in maps] == [(2, 16, 4, 4), (2, 32, 4, 4), (2, 64, 4, 4)]
+    ref = torch.nn.functional.interpolate(raw[0], size=(4, 4), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(maps[0], ref)
+    with torch.no_grad():
+        _, on_grid = teacher_block_maps(r, x, grid=(8, 8))
+    assert torch.equal(on_grid[2], raw[2])  # already on the grid: untouched
+    assert cnn_block_channels(r, ["layer2", "layer3"]) == [32, 64]
+
+
+def test_renormalize_lite0():
+    xi = torch.rand(2, 3, 5, 5)
+    mean, std = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1), torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    out = renormalize((xi - mean) / std, IMAGENET_MEAN, IMAGENET_STD, EFFICIENTNET_LITE_MEAN, EFFICIENTNET_LITE_STD)
+    torch.testing.assert_close(out, (xi * 255 - 127) / 128, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="3 finite"):
+        renormalize(xi, (0.5, 0.5), IMAGENET_STD, IMAGENET_MEAN, IMAGENET_STD)
+
+
+# --- links (Eq. 4), masks, magnitudes, Algorithm 1 ---------------------------------------------------------
+
+def test_links_forward_matches_eq4_numpy():
+    al = AttentionLinks([2, 3], num_layers=2, num_heads=2)
+    a = torch.rand(2, 4, 3, 3)
+    w = al.conv.weight.detach()[:, :, 0, 0].numpy()
+    b = al.conv.bias.detach().numpy()
+    ref = np.einsum("cj,bjhw->bchw", w, a.numpy()) + b[None, :, None, None]
+    np.testing.assert_allclose(al(a).detach().numpy(), ref, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="4 = 2 layers x 2 heads"):
+        al(torch.rand(2, 5, 3, 3))
+
+
+def test_param_count():
+    assert aal_param_count(72, 952) == 72 * 952 + 952 == 69_496
+    al = AttentionLinks([24, 32, 48, 96, 136, 232, 384], num_layers=12, num_heads=6)
+    assert sum(p.numel() for p in al.parameters()) == aal_param_count(72, 952)
+
+
+def test_efficientnet_b3_channels():
+    import timm
+    b3 = timm.create_model("efficientnet_b3", pretrained=False)
+    ch = cnn_block_channels(b3, img_size=32)
+    assert ch == [24, 32, 48, 96, 136, 232, 384]
+    # the paper says 0.068M; with bias we get 0.0695M (see the notebook), weights alone 0.0685M
+    assert round(aal_param_count(72, sum(ch)) / 1e6, 4) == 0.0695
+
+
+def test_paper_masks():
+    a, b = paper_link_mask("alpha"), paper_link_mask("beta")
+    assert a.shape == b.shape == (7, 12)
+    ranges = lambda m: [(int(r.nonzero().min()) + 1, int(r.nonzero().max()) + 1) for r in m]
+    assert ranges(a) == [(1, 3), (1, 5), (3, 5), (4, 6), (4, 6), (6, 11), (7, 12)]
+    assert ranges(b) == [(1, 2), (1, 5), (3, 5), (4, 6), (4, 7), (6, 10), (7, 10)]
+    assert (b[:, 10:] == 0).all()  # beta cuts the highest ViT layers entirely
+    with pytest.raises(ValueError, match="Table 1"):
+        link_mask("alpha", 3, 2)
+    with pytest.raises(ValueError, match="full"):
+        link_mask("gamma", 7, 12)
+
+
+@pytest.mark.parametrize("opt", ["adamw", "sgd"])
+def test_masked_links_stay_zero(opt):
+    mask = torch.tensor([[True, False], [False, True]])
+    al = AttentionLinks([2, 3], num_layers=2, num_heads=2, links=mask)
+    cut = al.mask == 0
+    assert cut.sum() == 2 * 2 + 3 * 2 and (al.conv.weight[:, :, 0, 0][cut] == 0).all()
+    o = (torch.optim.AdamW(al.parameters(), lr=0.1, weight_decay=0.05) if opt == "adamw"
+         else torch.optim.SGD(al.parameters(), lr=0.1, momentum=0.9, weight_decay=0.05))
+    for _ in range(3):
+        o.zero_grad()
+        aal_loss(al(torch.rand(2, 4, 3, 3)), torch.randn(2, 5, 3, 3)).backward()
+        assert (al.conv.weight.grad[:, :, 0, 0][cut] == 0).all()
+        o.step()
+    w = al.conv.weight.detach()[:, :, 0, 0]
+    assert (w[cut] == 0).all() and (w[~cut] != 0).all()
+    assert torch.equal(al.pair_mask, mask)
+    # the mask travels with the state dict
+    al2 = AttentionLinks([2, 3], 2, 2)
+    al2.load_state_dict(al.state_dict())
+    assert torch.equal(al2.pair_mask, mask)
+
+
+W_HAND = torch.tensor([[1.0, -1.0, 0.0, 0.01],    # block 0 (channels 0, 1); columns: l0h0 l0h1 l1h0 l1h1
+                       [0.5, 0.5, 0.02, 0.0],
+                       [0.0, 0.0, -2.0, 1.0]])    # block 1 (channel 2)
+
+
+def test_link_magnitudes_hand():
+    mag = link_magnitudes(W_HAND, block_channels=[2, 1], num_heads=2)
+    torch.testing.assert_close(mag, torch.tensor([[0.75, 0.0075], [0.0, 1.5]]))
+
+
+def test_select_links_hand():
+    # |w| min-max over all links: |w| / 2; pair means 0.375, 0.00375, 0, 0.75 -> keep > 0.05
+    sel = select_links(W_HAND, theta=0.05, block_channels=[2, 1], num_heads=2)
+    assert sel.tolist() == [[True, False], [False, True]]
+    assert select_links(W_HAND, theta=0.5, block_channels=[2, 1], num_heads=2).tolist() == [[False, False], [False, True]]
+    # Algorithm 1's literal signed min-max keeps everything (0 maps to 2/3): why we normalise magnitudes
+    assert select_links(W_HAND, 0.05, [2, 1], 2, normalization="signed").all()
+    al = AttentionLinks([2, 1], 2, 2)
+    with torch.no_grad():
+        al.conv.weight.copy_(W_HAND[:, :, None, None])
+    assert select_links(al).tolist() == [[True, False], [False, True]]
+    al.set_links(select_links(al))
+    assert (al.link_weight()[:2, 2:] == 0).all() and (al.link_weight()[2, :2] == 0).all()
+
+
+# --- loss (Eq. 5) and schedule ---------------------------------------------------------------------------------
+
+def test_aal_loss_golden_numpy():
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((2, 3, 2, 2)), rng.standard_normal((2, 3, 2, 2))
+    na = a / np.sqrt((a ** 2).sum(axis=(2, 3), keepdims=True))
+    nb = b / np.sqrt((b ** 2).sum(axis=(2, 3), keepdims=True))
+    golden = ((na - nb) ** 2).mean()
+    got = aal_loss(torch.tensor(a, dtype=torch.float32), torch.tensor(b, dtype=torch.float32))
+    assert math.isclose(float(got), golden, rel_tol=1e-5)
+    # a tiny fully hand-computed case: one 1x2 map each, a=(3,4)/5, b=(1,0): mean((0.6-1)^2, 0.8^2) = 0.4
+    assert math.isclose(float(aal_loss(torch.tensor([[[[3.0, 4.0]]]]), torch.tensor([[[[2.0, 0.0]]]]))), 0.4, rel_tol=1e-6)
+
+
+def test_schedule_values():
+    s = aal_lambda_schedule(9)   # last third = epochs 6, 7, 8 at 0.98
+    assert s(0) == 2000.0
+    assert math.isclose(s(1), 2000 * 0.99)
+    assert math.isclose(s(6), 2000 * 0.99 ** 6)
+    assert math.isclose(s(8), 2000 * 0.99 ** 6 * 0.98 ** 2)
+    p = aal_lambda_schedule(300)  # the paper: 0.99 for 200 epochs, 0.98 for the last 100
+    assert math.isclose(p(200), 2000 * 0.99 ** 200) and math.isclose(p(299), 2000 * 0.99 ** 200 * 0.98 ** 99)
+    assert aal_lambda_schedule(2)(1) == pytest.approx(1980)  # < 3 epochs: no last-third phase
+
+
+# --- the method with fit ----------------------------------------------------------------------------------------
+
+def test_fit_one_epoch_links_get_grads():
+    student = tiny("vit")
+    mask = torch.tensor([[True, False], [True, True], [False, True]])
+    method = aal_method(student, cifar_resnet(20), epochs=3, links=mask,
+                        teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD)
+    links = method.extra_modules["aal_links"]
+    assert links.block_channels == [16, 32, 64] and links.num_vit_maps == 4
+    w0 = links.conv.weight.detach().clone()
+    res = fit(student, synthetic(), None, TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_epochs=0),
+              method=method, progress=False)
+    h = res["history"][0]
+    assert math.isfinite(h["loss"]) and math.isfinite(h["loss_aal"]) and h["loss_aal"] > 0
+    assert h["weight_aal"] == 2000.0 and res["steps"] == 4
+    assert res["n_params_extra"] == aal_param_count(4, 112)
+    g = links.conv.weight.grad
+    assert g is not None and g[:, :, 0, 0][links.mask.bool()].abs().sum() > 0
+    assert (g[:, :, 0, 0][~links.mask.bool()] == 0).all()
+    assert not torch.equal(links.conv.weight, w0) and (links.link_weight()[~links.mask.bool()] == 0).all()
+    mags = link_history(res["history"])
+    assert mags.shape == (1, 3, 2) and (mags[0][~mask.numpy()] == 0).all()
+    assert np.allclose(method.state["link_magnitudes"][0], mags[0])
+    json.dumps(res, allow_nan=False)
+    assert not any(m._forward_hooks for m in student.modules())  # capture hooks removed
+
+
+def test_deit_with_hard_distillation():
+    student = tiny("deit")
+    student.set_distilled_training(True)
+    method = aal_method(student, cifar_resnet(20), teacher_blocks=[-1], epochs=1, ce_weight=0.5,
+                        extra_terms=[deit_distillation_term("hard", 0.5)],
+                        teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD)
+    assert method.teacher_blocks == ["layer3"] and [t.name for t in method.terms] == ["ce", "aal", "deit_hard"]
+    res = fit(student, synthetic(8), None, TrainConfig(epochs=1, batch_size=4, warmup_epochs=0), method=method,
+              progress=False)
+    assert all(math.isfinite(res["history"][0][k]) for k in ("loss_ce", "loss_aal", "loss_deit_hard"))
+
+
+def test_method_needs_teacher_stats():
+    with pytest.raises(ValueError, match="teacher_mean"):
+        aal_method(tiny(), cifar_resnet(20), epochs=1)
+    with pytest.raises(IndexError, match="layer1"):
+        aal_method(tiny(), cifar_resnet(20), teacher_blocks=[5], epochs=1, teacher_mean=IMAGENET_MEAN,
+                   teacher_std=IMAGENET_STD)

@@ -1,0 +1,322 @@
+"""Bootstrapping ViTs: generalised convolution, agent CNN, losses (golden values by numpy) and the method."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import TensorDataset
+
+from attnrepro.bootstrapping import (AGENT_TERMS, VIT_TERMS, AgentCNN, GeneralizedConv2d, bootstrap_method,
+                                     describe_agent, generalized_conv_matrix_form, head_offsets, hint_loss,
+                                     intermediate_loss, mutual_kd, neighbourhood_matrices)
+from attnrepro.models import create_student
+from attnrepro.train import StepContext, TrainConfig, fit, project_conflicting
+
+torch.set_num_threads(1)
+
+
+def tiny_vit(seed=0, **kw):
+    torch.manual_seed(seed)
+    cfg = dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=4, num_classes=10) | kw
+    return create_student("vit", **cfg)
+
+
+def np_ln(a, eps=1e-5):
+    return (a - a.mean(-1, keepdims=True)) / np.sqrt(a.var(-1, keepdims=True) + eps)
+
+
+# ---------------------------------------------------------------- generalised convolution
+
+def test_head_offsets_follow_ceil_sqrt_kernel():
+    assert head_offsets(9) == [(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)]
+    assert head_offsets(6) == head_offsets(9)[:6]               # ViT-B: top two rows of a 3x3 kernel
+    assert head_offsets(4) == [(0, 0), (0, 1), (1, 0), (1, 1)]  # k=2: PyTorch "same" convention
+    assert head_offsets(1) == [(0, 0)]
+    with pytest.raises(ValueError, match="positive int"):
+        head_offsets(0)
+
+
+def test_neighbourhood_matrices_select_one_neighbour():
+    phi = neighbourhood_matrices(3, 4, 9)
+    assert phi.shape == (9, 12, 12) and (phi.sum(-1) <= 1).all()
+    # centre head (offset 0,0) is the identity; head 0 (offset -1,-1) maps token (1,1) to token (0,0)
+    assert torch.equal(phi[4], torch.eye(12))
+    assert phi[0, 1 * 4 + 1, 0] == 1 and phi[0, 0].sum() == 0   # token (0,0): neighbour in the zero padding
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")  # the reference conv for H=4 (k=2)
+@pytest.mark.parametrize("heads", [4, 6, 9])
+def test_generalized_conv_equals_conv2d(heads):
+    g = torch.Generator().manual_seed(heads)
+    x = torch.randn(2, 8, 5, 6, generator=g)
+    conv = GeneralizedConv2d(8, heads)
+    with torch.no_grad():
+        conv.bias.normal_(generator=g)
+    k = math.ceil(math.sqrt(heads))
+    ref = nn.Conv2d(8, 8, k, padding="same")
+    # the equivalent kernel built by hand: head h's (C_out, C_in) matrix at its offset, zeros elsewhere
+    kernel = torch.zeros(8, 8, k, k)
+    lo = -((k - 1) // 2)
+    for h, (di, dj) in enumerate(head_offsets(heads)):
+        kernel[:, :, di - lo, dj - lo] = conv.weight[h].detach()
+    with torch.no_grad():
+        ref.weight.copy_(kernel)
+        ref.bias.copy_(conv.bias)
+    assert torch.allclose(conv(x), ref(x), atol=1e-5)
+    assert torch.allclose(conv(x), generalized_conv_matrix_form(x, conv.head_weights(), conv.bias), atol=1e-5)
+
+
+def test_shared_conv_weight_is_wv_wo_of_the_vit():
+    vit = tiny_vit()
+    attn = vit.blocks[0].attn
+    conv = GeneralizedConv2d(32, 4, attn=attn)
+    assert list(conv.parameters()) == list(attn.parameters())  # no own parameters
+    W = attn.qkv.weight.detach().numpy()
+    P = attn.proj.weight.detach().numpy()
+    hd = 8
+    for h in range(4):
+        w_v = W[64 + h * hd: 64 + (h + 1) * hd].T                    # (D_in, d_k): token @ w_v = v of head h
+        w_o = P[:, h * hd:(h + 1) * hd].T                           # (d_k, D_out)
+        assert np.allclose(conv.head_weights()[h].detach().numpy(), (w_v @ w_o).T, atol=1e-6)
+    assert conv.conv_bias() is attn.proj.bias
+    # gradients reach the ViT's v rows and proj, not the q/k rows
+    conv(torch.randn(2, 32, 4, 4)).square().sum().backward()
+    gq = attn.qkv.weight.grad
+    assert gq[:64].abs().sum() == 0 and gq[64:].abs().sum() > 0
+    assert attn.proj.weight.grad.abs().sum() > 0 and attn.proj.bias.grad.abs().sum() > 0
+
+
+def test_shared_conv_matches_mhsa_when_attention_is_the_hard_coded_neighbourhood():
+    """Eq. 4-5: if Psi_h = Phi_h the MHSA output equals the shared CONV output (y_err = 0), bias of v aside."""
+    vit = tiny_vit()
+    attn = vit.blocks[0].attn
+    with torch.no_grad():
+        attn.qkv.bias.zero_()
+    conv = GeneralizedConv2d(32, 4, attn=attn)
+    x = torch.randn(2, 32, 4, 4)
+    X = x.flatten(2).transpose(1, 2)                                  # (B, n, D)
+    v = attn.qkv(X)[..., 64:].reshape(2, 16, 4, 8).transpose(1, 2)    # (B, H, n, d_k)
+    psi = neighbourhood_matrices(4, 4, 4)                             # attention = hard-coded neighbourhoods
+    y = attn.proj((psi @ v).transpose(1, 2).reshape(2, 16, 32))
+    assert torch.allclose(conv(x).flatten(2).transpose(1, 2), y, atol=1e-5)
+
+
+# ---------------------------------------------------------------- agent CNN
+
+@pytest.mark.parametrize("arch", ["base", "res_like"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_agent_forward_shapes(arch, shared):
+    vit = tiny_vit()
+    agent = AgentCNN(vit, arch, shared=shared)
+    logits, feats = agent.forward_with_features(torch.randn(3, 3, 32, 32))
+    assert logits.shape == (3, 10) and logits.isfinite().all()
+    expect = [(3, 32, 8, 8)] * 2 if arch == "base" else [(3, 32, 4, 4), (3, 32, 2, 2)]
+    assert [tuple(f.shape) for f in feats] == expect
+    assert all(f.isfinite().all() for f in feats)
+
+
+def test_agent_parameters_shared_or_not():
+    vit = tiny_vit()
+    vit_ids = {id(p) for p in vit.parameters()}
+    joint, shared = AgentCNN(vit, "base"), AgentCNN(vit, "base", shared=True)
+    assert not any(id(p) in vit_ids for p in joint.parameters()) and joint.shared_parameters() == []
+    sp = shared.shared_parameters()
+    assert sp and all(id(p) in vit_ids for p in sp)
+    mask = shared.shared_mask()
+    assert mask.numel() == sum(p.numel() for p in sp)
+    assert (~mask).sum() == 2 * 2 * 32 * 32  # q and k rows of the 2 blocks' qkv
+
+
+def test_shared_agent_output_depends_on_vit_weights():
+    vit = tiny_vit()
+    agent = AgentCNN(vit, "res_like", shared=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        y0 = agent(x)
+        vit.blocks[0].attn.qkv.weight[:64] += 1.0      # q/k: not used by the agent
+        assert torch.allclose(agent(x), y0)
+        vit.blocks[0].attn.qkv.weight[64:] += 0.1      # v rows
+        y1 = agent(x)
+        assert not torch.allclose(y1, y0)
+        vit.blocks[1].attn.proj.weight.mul_(2.0)
+        y2 = agent(x)
+        assert not torch.allclose(y2, y1)
+        vit.blocks[1].mlp.fc1.weight.mul_(0.5)
+        assert not torch.allclose(agent(x), y2)
+    # and the joint agent does not care
+    joint = AgentCNN(vit, "res_like").eval()
+    with torch.no_grad():
+        z = joint(x)
+        vit.blocks[0].attn.qkv.weight.add_(1.0)
+        assert torch.allclose(joint(x), z)
+
+
+def test_describe_agent_tables_6_and_7():
+    vit_b = create_student("vit", img_size=224, patch_size=16, embed_dim=384, depth=12, num_heads=6, num_classes=100)
+    rows = describe_agent(AgentCNN(vit_b, "base"))
+    assert rows[0] == dict(layer="Input Projection", operator="16x16 Conv, 384, S16", output_shape=(384, 14, 14))
+    blocks = [r for r in rows if r["layer"].startswith("Block")]
+    assert len(blocks) == 12 and blocks[0]["operator"] == "H6, CONV, 384 | 1x1 Conv, 1536 | 1x1 Conv, 384"
+    assert not any(r["layer"] == "Down-sampling" for r in rows) and rows[-1]["output_shape"] == (100,)
+    rows = describe_agent(AgentCNN(vit_b, "res_like"))
+    assert [r["operator"] for r in rows[:3]] == ["7x7 Conv, 64, S2", "3x3 Max Pooling, S2", "3x3 Conv, 384, S2"]
+    assert rows[2]["output_shape"] == (384, 28, 28)
+    layout = ["D" if r["layer"] == "Down-sampling" else "B" for r in rows if r["layer"] not in ("Input Projection", "Head")]
+    assert "".join(layout) == "BBD" + "BBD" + "B" * 8            # Table 7, Agent-B: x2, ds, x2, ds, x8
+
+
+def test_agent_rejects_bad_arguments():
+    vit = tiny_vit()
+    with pytest.raises(ValueError, match="res_like"):
+        AgentCNN(vit, "resnet")
+    with pytest.raises(ValueError, match="out of range"):
+        AgentCNN(vit, "res_like", down_sample_layers=[5])
+
+
+# ---------------------------------------------------------------- losses (golden values)
+
+def test_hint_loss_golden_equal_length():
+    g = torch.Generator().manual_seed(1)
+    v, c = torch.randn(2, 1 + 4, 6, generator=g), torch.randn(2, 6, 2, 2, generator=g)
+    vn = v[:, 1:].numpy()                                       # CLS dropped
+    cn = c.numpy().reshape(2, 6, 4).transpose(0, 2, 1)          # row-major flatten
+    ref = ((np_ln(vn) - np_ln(cn)) ** 2).mean()
+    for adapt in ("sequence", "avgpool2d"):
+        assert np.isclose(hint_loss(v, c, adapt).item(), ref, atol=1e-6)
+
+
+def test_hint_loss_golden_pooling_both_ways():
+    g = torch.Generator().manual_seed(2)
+    # ViT longer (16 tokens, 4x4 grid) than the CNN (2x2): the ViT side is pooled
+    v, c = torch.randn(2, 1 + 16, 3, generator=g), torch.randn(2, 3, 2, 2, generator=g)
+    cn = c.numpy().reshape(2, 3, 4).transpose(0, 2, 1)
+    seq = v[:, 1:].numpy().reshape(2, 4, 4, 3).mean(2)                        # consecutive groups of 4
+    ap2 = v[:, 1:].numpy().reshape(2, 2, 2, 2, 2, 3).mean((2, 4)).reshape(2, 4, 3)  # 2x2 spatial blocks
+    assert np.isclose(hint_loss(v, c, "sequence").item(), ((np_ln(seq) - np_ln(cn)) ** 2).mean(), atol=1e-6)
+    assert np.isclose(hint_loss(v, c, "avgpool2d").item(), ((np_ln(ap2) - np_ln(cn)) ** 2).mean(), atol=1e-6)
+    assert not np.isclose(hint_loss(v, c, "sequence").item(), hint_loss(v, c, "avgpool2d").item())
+    # CNN longer (4x4) than the ViT (2x2 + CLS): the CNN side is pooled
+    v, c = torch.randn(2, 1 + 4, 3, generator=g), torch.randn(2, 3, 4, 4, generator=g)
+    vn = v[:, 1:].numpy()
+    cf = c.numpy().reshape(2, 3, 16).transpose(0, 2, 1)
+    seq = cf.reshape(2, 4, 4, 3).mean(2)
+    ap2 = c.numpy().reshape(2, 3, 2, 2, 2, 2).mean((3, 5)).reshape(2, 3, 4).transpose(0, 2, 1)
+    assert np.isclose(hint_loss(v, c, "sequence").item(), ((np_ln(vn) - np_ln(seq)) ** 2).mean(), atol=1e-6)
+    assert np.isclose(hint_loss(v, c, "avgpool2d").item(), ((np_ln(vn) - np_ln(ap2)) ** 2).mean(), atol=1e-6)
+
+
+def test_hint_loss_detaches_the_agent_and_checks_inputs():
+    v = torch.randn(2, 5, 4, requires_grad=True)
+    c = torch.randn(2, 4, 2, 2, requires_grad=True)
+    hint_loss(v, c).backward()
+    assert v.grad is not None and c.grad is None
+    with pytest.raises(ValueError, match="avgpool2d"):
+        hint_loss(v, c, "interp")
+    with pytest.raises(ValueError, match="multiple"):
+        hint_loss(torch.randn(2, 6, 4), c)   # 5 tokens vs 4 positions
+    assert torch.isclose(intermediate_loss([v, v], [c, c]), 2 * hint_loss(v, c))
+
+
+def test_mutual_kd_golden():
+    g = torch.Generator().manual_seed(3)
+    zv = torch.randn(3, 5, generator=g, requires_grad=True)
+    za = torch.randn(3, 5, generator=g, requires_grad=True)
+    T = 4.0
+
+    def np_kd(s, t):  # KL(softmax(t/T) || softmax(s/T)) * T^2, summed over classes, mean over the batch
+        ls = s / T - np.log(np.exp(s / T).sum(-1, keepdims=True))
+        lt = t / T - np.log(np.exp(t / T).sum(-1, keepdims=True))
+        return (np.exp(lt) * (lt - ls)).sum(-1).mean() * T * T
+
+    out = mutual_kd(zv, za, T)
+    a, b = zv.detach().numpy().astype(np.float64), za.detach().numpy().astype(np.float64)
+    assert np.isclose(out["kd_vit"].item(), np_kd(a, b), atol=1e-6)
+    assert np.isclose(out["kd_agent"].item(), np_kd(b, a), atol=1e-6)
+    out["kd_vit"].backward()
+    assert zv.grad is not None and za.grad is None              # the other side is a constant
+
+
+# ---------------------------------------------------------------- the method
+
+def _ctx_step(method, vit, agent, x, y, epoch=0):
+    "One step's context as fit builds it (no optimiser)."
+    ctx = StepContext(model=vit, train_model=vit, modules={"agent": agent}, cfg=TrainConfig(), state=method.state,
+                      epoch=epoch, x=x, y=y, target=y)
+    method.forward(ctx)
+    ctx.losses = {t.name: t.fn(ctx) for t in method.terms}
+    ctx.weighted = {t.name: t.weight_at(epoch) * ctx.losses[t.name] for t in method.terms}
+    ctx.loss = sum(ctx.weighted.values())
+    return ctx
+
+
+def test_method_terms_and_hint_decay():
+    vit = tiny_vit()
+    m = bootstrap_method(vit, AgentCNN(vit, "base"), epochs=10)
+    assert [t.name for t in m.terms] == ["ce", "ce_agent", "kd_vit", "kd_agent", "hint"]
+    hint = m.terms[-1]
+    assert hint.weight_at(0) == 5.0 and math.isclose(hint.weight_at(4), 5.0 * 0.6)
+    assert m.name == "bootstrap_joint" and not m.has_custom_backward()
+    assert bootstrap_method(vit, AgentCNN(vit, "base"), 10, hint_decay=False).terms[-1].weight_at(9) == 5.0
+    with pytest.raises(ValueError, match="shared agent"):
+        bootstrap_method(vit, AgentCNN(vit, "base"), 10, align=True)
+    with pytest.raises(ValueError, match="another ViT"):
+        bootstrap_method(tiny_vit(seed=1), AgentCNN(vit, "base", shared=True), 10)
+
+
+def test_joint_method_gradients_stay_on_their_side():
+    vit = tiny_vit()
+    agent = AgentCNN(vit, "res_like")
+    m = bootstrap_method(vit, agent, epochs=2)
+    ctx = _ctx_step(m, vit, agent, torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    assert len(ctx.vit_feats) == 2 and ctx.vit_feats[0].shape == (4, 65, 32)
+    vit_p, agent_p = list(vit.parameters()), list(agent.parameters())
+    g = torch.autograd.grad(sum(ctx.weighted[n] for n in VIT_TERMS), agent_p, allow_unused=True, retain_graph=True)
+    assert all(t is None or t.abs().sum() == 0 for t in g)      # hint/KD of the ViT do not train the agent
+    g = torch.autograd.grad(sum(ctx.weighted[n] for n in AGENT_TERMS), vit_p, allow_unused=True)
+    assert all(t is None or t.abs().sum() == 0 for t in g)
+
+
+def test_shared_backward_is_algorithm_1():
+    vit = tiny_vit()
+    agent = AgentCNN(vit, "res_like", shared=True)
+    m = bootstrap_method(vit, agent, epochs=2)
+    assert m.name == "bootstrap_shared" and m.has_custom_backward()
+    ctx = _ctx_step(m, vit, agent, torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    shared = agent.shared_parameters()
+    flat = lambda gs: torch.cat([gi.reshape(-1) for gi in gs])
+    g_v = flat(torch.autograd.grad(sum(ctx.weighted[n] for n in VIT_TERMS), shared, retain_graph=True))
+    g_a = flat(torch.autograd.grad(sum(ctx.weighted[n] for n in AGENT_TERMS), shared, retain_graph=True))
+    head = vit.head.weight
+    g_head = torch.autograd.grad(ctx.loss, head, retain_graph=True)[0]
+    m.backward(ctx)
+    mask = agent.shared_mask()
+    expect = g_v + g_a
+    expect[mask] = 0.5 * (g_v[mask] + project_conflicting(g_a[mask], g_v[mask]))
+    got = flat([p.grad for p in shared])
+    assert torch.allclose(got, expect, atol=1e-6)
+    assert torch.allclose(got[~mask], g_v[~mask])               # q/k rows: the ViT's own gradient
+    assert torch.allclose(head.grad, g_head)                    # private parameters untouched
+    assert m.state["align_steps"] == 1
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_one_fit_epoch(shared):
+    g = torch.Generator().manual_seed(0)
+    ds = TensorDataset(torch.randn(16, 3, 32, 32, generator=g), torch.randint(0, 10, (16,), generator=g))
+    vit = tiny_vit()
+    agent = AgentCNN(vit, "res_like", shared=shared)
+    before = [p.detach().clone() for p in agent.parameters()]
+    res = fit(vit, ds, ds, TrainConfig(epochs=1, batch_size=4, warmup_epochs=0, lr=1e-3), bootstrap_method(vit, agent, 1),
+              progress=False, device="cpu")
+    h = res["history"][0]
+    for t in VIT_TERMS + AGENT_TERMS:
+        assert math.isfinite(h[f"loss_{t}"]) and h[f"loss_{t}"] >= 0, (t, h)
+    assert math.isfinite(h["loss"]) and res["steps"] == 4 and "acc1" in res["final"]
+    assert ("align_conflict_frac" in h) == shared
+    assert any(not torch.equal(b, p) for b, p in zip(before, agent.parameters()))  # the agent trained too
+    # shared: no extra copy of the shared weights is counted as the agent's own parameters
+    vit_ids = {id(p) for p in vit.parameters()}
+    n_private = sum(p.numel() for p in agent.parameters() if id(p) not in vit_ids)
+    assert res["n_params_extra"] == n_private
+    assert (n_private < sum(p.numel() for p in agent.parameters())) == shared
