@@ -48,3 +48,15 @@ def test_environment_yml_has_the_same_pins_as_settings_ini():
     pins = set((d["requirements"] + " " + d["pip_requirements"] + " " + d["dev_requirements"]).split())
     env = {l.strip()[2:] for l in (ROOT / "environment.yml").read_text().splitlines() if "==" in l}
     assert pins == env, f"only in settings.ini: {pins - env}; only in environment.yml: {env - pins}"
+
+
+def test_reported_numbers_parse():
+    "Every transcription in papers/*/reported/ names its source and loads with attnrepro.report.load_reported."
+    from attnrepro.report import load_reported
+    files = sorted((ROOT / "papers").glob("*/reported/*.csv"))
+    for f in files:
+        assert f.read_text().startswith("# source:"), f"{f} must start with a '# source: ...' line"
+        assert "#" not in "".join(l for l in f.read_text().splitlines() if not l.startswith("#")), \
+            f"{f}: '#' inside a data line would be cut by comment='#'"
+        df = load_reported(f.parent.parent.name, f.stem)
+        assert len(df.columns) >= 1, f
