@@ -68,6 +68,17 @@ def side_by_side(reported: pd.DataFrame, ours: pd.DataFrame, on: list[str], valu
     return out
 
 # %% ../nbs/07_report.ipynb #6736a88d
+def _find_seed(config):
+    "The run's seed: a top-level `seed`, else the first one nested in the config (e.g. its train recipe)."
+    if isinstance(config, dict):
+        if "seed" in config: return config["seed"]
+        for v in config.values():
+            if (s := _find_seed(v)) is not None: return s
+    if isinstance(config, list):
+        for v in config:
+            if (s := _find_seed(v)) is not None: return s
+    return None
+
 class PaperRun:
     "The output side of one execution of a paper notebook."
     def __init__(self, paper: str, profile: str, out_dir: Path | str, runs_dir: Path | str | None = None,
@@ -97,13 +108,13 @@ class PaperRun:
             except json.JSONDecodeError as e:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
         else:
-            t0 = time.time()
+            t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
             result = fn(config, self.ckpt_dir(h))
             rec = dict(hash=h, name=name, paper=self.paper, profile=self.profile, config=json.loads(canonical_json(config)),
-                       result=result, wall_time_s=round(time.time() - t0, 3), git_commit=git_commit(),
+                       result=result, wall_time_s=round(time.time() - t0, 3), git_commit=commit,
                        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write_json(path, rec)
-        self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": rec["config"].get("seed"),
+        self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
                         "wall_time_s": rec["wall_time_s"]}
         return rec["result"]
 
