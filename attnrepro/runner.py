@@ -61,15 +61,24 @@ def notebook_parameters(nb: Path) -> dict:
     return {k: v.get("default") for k, v in pm.inspect_notebook(str(nb)).items()}
 
 def compact_progress_output(nb_path: Path | str) -> None:
-    """Keep only the final state of progress bars in an executed notebook's stream outputs: each line
-    keeps the text after its last carriage return, as a terminal would show it."""
+    """Keep only the final state of progress bars in an executed notebook's stream outputs, as a terminal
+    would show it: consecutive outputs of one stream are merged (papermill logs each tqdm refresh as its
+    own output), then each line keeps the text after its last carriage return."""
     import nbformat
     nb = nbformat.read(str(nb_path), as_version=4)
     for cell in nb.cells:
+        merged = []
         for out in cell.get("outputs", []):
+            prev = merged[-1] if merged else None
+            if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                    and prev.get("name") == out.get("name")):
+                prev["text"] = prev.get("text", "") + out.get("text", "")
+            else: merged.append(out)
+        for out in merged:
             if out.get("output_type") == "stream" and "\r" in out.get("text", ""):
                 out["text"] = "\n".join(line.rsplit("\r", 1)[-1] if line.rstrip("\r") else line
                                         for line in out["text"].split("\n"))
+        if "outputs" in cell: cell["outputs"] = merged
     nbformat.write(nb, str(nb_path))
 
 def _publish(staging: Path, final: Path) -> None:
