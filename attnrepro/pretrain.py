@@ -24,11 +24,12 @@ from .models import create_student, load_state_dict_strict
 from .train import LossTerm, Method, StepContext, TrainConfig, ce_term, fit
 
 # %% auto #0
-__all__ = ['encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify', 'patch_targets', 'random_masking',
-           'sincos_pos_embed', 'MAE', 'DINOHead', 'MultiCropWrapper', 'DINOLoss', 'teacher_temp_at', 'ema_momentum_at',
-           'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL', 'MultiCropTransform', 'mae_transform',
-           'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
-           'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality']
+__all__ = ['TINY_ARCH', 'encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify', 'patch_targets',
+           'random_masking', 'sincos_pos_embed', 'MAE', 'DINOHead', 'MultiCropWrapper', 'DINOLoss', 'teacher_temp_at',
+           'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL', 'MultiCropTransform',
+           'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
+           'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality',
+           'tiny_teacher', 'get_teacher']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -559,3 +560,42 @@ def teacher_quality(encoder: nn.Module, train_data, val_data, baseline: bool | d
         q.update({f"random_{k}": v for k, v in rnd.items()})
         q["better_than_random"] = bool(q["knn_top1"] > rnd["knn_top1"] and q["linear_top1"] > rnd["linear_top1"])
     return q
+
+# %% ../nbs/11_pretrain.ipynb #cb44973a
+TINY_ARCH = dict(img_size=64, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+
+def tiny_teacher(algorithm: str = "mae", data: str = "tiny-imagenet-sample", arch: dict | None = None,
+                 epochs: int = 1, seed: int = 0, lr: float = 1e-3) -> VisionTransformer:
+    "A 1-epoch `algorithm` ('mae' | 'dino' | 'supervised') ViT pre-trained on `data` (smoke runs only), cached."
+    from attnrepro.core import cache_dir, config_hash
+    from attnrepro.data import get_dataset, train_transform
+    from attnrepro.models import load_teacher, save_teacher
+    if algorithm not in ("mae", "dino", "supervised"):
+        raise ValueError(f"tiny_teacher: unknown algorithm {algorithm!r}; valid: 'mae', 'dino', 'supervised'")
+    arch = dict(arch or TINY_ARCH)
+    spec = dict(algorithm=algorithm, data=data, arch=arch, epochs=epochs, seed=seed, lr=lr)
+    name, folder = f"tiny_{algorithm}_{config_hash(spec, 12)}", cache_dir("tiny_teachers")
+    if (folder / f"{name}.json").is_file() and (folder / f"{name}.safetensors").is_file():
+        return load_teacher(name, teacher_dir=folder)
+    img = arch["img_size"]
+    cfg = TrainConfig(epochs=epochs, batch_size=50, lr=lr, warmup_epochs=0, weight_decay=0.05, seed=seed)
+    kw = dict(log_every=1, progress=False)
+    if algorithm == "mae":
+        enc, res = pretrain_mae(get_dataset(data, "train", transform=mae_transform(img)), arch, cfg,
+                                decoder_dim=32, decoder_depth=1, decoder_heads=2, **kw)
+    elif algorithm == "dino":
+        enc, res = pretrain_dino(get_dataset(data, "train", transform=MultiCropTransform(img, n_local=2)), arch, cfg,
+                                 out_dim=64, hidden_dim=32, bottleneck_dim=16, warmup_teacher_temp_epochs=1, **kw)
+    else:
+        enc, res = pretrain_supervised(get_dataset(data, "train", transform=train_transform("weak", img)), arch, cfg, **kw)
+    save_teacher(enc, name, meta=dict(algorithm=algorithm, dataset=data, epochs=epochs, profile="smoke",
+                                      note="tiny smoke teacher: meaningless", epoch_loss=res["epoch_loss"]),
+                 dir=folder, overwrite=True)
+    return load_teacher(name, teacher_dir=folder)
+
+def get_teacher(spec: str | dict) -> nn.Module:
+    "The teacher a profile names: a `load_teacher` name/path (str) or `tiny_teacher` kwargs (dict), in eval mode."
+    from attnrepro.models import load_teacher
+    if isinstance(spec, str): return load_teacher(spec)
+    if isinstance(spec, dict): return tiny_teacher(**spec)
+    raise TypeError(f"get_teacher: expected a teacher name (str) or tiny_teacher kwargs (dict), got {type(spec).__name__}")
