@@ -358,6 +358,11 @@ def eval_transform(img_size: int):
     return T.Compose([T.Resize(resize, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(img_size),
                       T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
+def _posterize_at_least_one_bit(level, hparams):
+    "timm's PosterizeIncreasing level (4 down to 0 bits kept), floored at 1 bit."
+    from timm.data.auto_augment import _posterize_increasing_level_to_arg
+    return (max(1, _posterize_increasing_level_to_arg(level, hparams)[0]),)
+
 def train_transform(preset: str, img_size: int):
     "Per-image training augmentation of `preset` ('none', 'weak', 'strong') at `img_size`."
     from torchvision import transforms as T
@@ -372,6 +377,8 @@ def train_transform(preset: str, img_size: int):
     from timm.data.random_erasing import RandomErasing
     ra = rand_augment_transform("rand-m9-mstd0.5-inc1",
                                 dict(translate_const=int(img_size * 0.45), img_mean=tuple(round(255 * m) for m in IMAGENET_MEAN)))
+    for op in ra.ops:  # magnitude 10 asks PosterizeIncreasing for 0 bits, which Pillow >= 12 rejects: keep >= 1 bit
+        if op.name == "PosterizeIncreasing": op.level_fn = _posterize_at_least_one_bit
     return T.Compose(crop + [T.RandomHorizontalFlip(), ra, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
                              RandomErasing(0.25, mode="pixel", device="cpu")])
 

@@ -1,0 +1,232 @@
+"""AttnDistill: clamp/renormalise, head aggregation, interpolation, KL/MSE attention loss, projector, CompRess,
+patch alignment, the composed Method (terms, gradients, resume-safe extra modules) and per-layer evaluation."""
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from attnrepro.attention import attention_maps
+from attnrepro.attndistill import (AGGREGATIONS, CompRessQueue, Projector, aggregate_heads, attndistill_method,
+                                   clamp_renorm, cls_attention_loss, compress_loss, interpolate_cls_attention,
+                                   layer_pairs, patch_alignment_loss, projector_dims, projector_layer_features,
+                                   teacher_targets, value_weighted)
+from attnrepro.models import create_student
+from attnrepro.train import StepContext, TrainConfig, fit
+
+
+def vit(embed=32, depth=2, heads=2, patch=8, seed=0):
+    torch.manual_seed(seed)
+    return create_student("vit", img_size=32, patch_size=patch, embed_dim=embed, depth=depth, num_heads=heads,
+                          num_classes=0)
+
+
+def data(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 4, (n,), generator=g))
+
+
+def np_clamp(x):
+    x = np.clip(np.asarray(x, dtype=np.float64), 1e-5, 0.996)
+    return x / x.sum(-1, keepdims=True)
+
+
+def np_kl(s, t, batch):
+    return float((t * np.log(t / s)).sum() / batch)
+
+
+# --- pieces -------------------------------------------------------------------------------------------------
+
+def test_clamp_renorm_golden():
+    p = torch.tensor([[0.999, 0.001, 0.0]])
+    np.testing.assert_allclose(clamp_renorm(p).numpy(), np_clamp(p.numpy()), rtol=1e-6)
+    with pytest.raises(ValueError, match="lo < hi"):
+        clamp_renorm(p, 0.5, 0.4)
+
+
+@pytest.mark.parametrize("how", AGGREGATIONS)
+@pytest.mark.parametrize("T", [1.0, 10.0])
+def test_aggregate_heads_golden(how, T):
+    a = torch.tensor([[[0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.1, 0.8, 0.1]]])
+    x = a[0].numpy().astype(np.float64)
+    z = {"logsum": np.log(x).sum(0), "mean": np.log(x.mean(0)), "max": np.log(x.max(0)), "min": np.log(x.min(0))}[how]
+    ref = np.exp(z / T - (z / T).max()); ref /= ref.sum()
+    np.testing.assert_allclose(aggregate_heads(a, how, T)[0].numpy(), ref, rtol=1e-5)
+
+
+def test_aggregate_heads_errors():
+    with pytest.raises(ValueError, match="valid"):
+        aggregate_heads(torch.rand(1, 2, 3), "median")
+    with pytest.raises(ValueError, match="T must be > 0"):
+        aggregate_heads(torch.rand(1, 2, 3), "logsum", 0.0)
+
+
+def test_interpolation_keeps_cls_mass_and_matches_bicubic():
+    torch.manual_seed(0)
+    t = torch.rand(2, 3, 1 + 64).softmax(-1)
+    r = interpolate_cls_attention(t, (8, 8), (4, 4))
+    torch.testing.assert_close(r[..., 0], t[..., 0])
+    torch.testing.assert_close(r.sum(-1), torch.ones(2, 3))
+    ref = F.interpolate(t[..., 1:].reshape(2, 3, 8, 8), size=(4, 4), mode="bicubic", align_corners=False).reshape(2, 3, 16)
+    ref = ref * (1 - t[..., :1]) / ref.sum(-1, keepdim=True)
+    torch.testing.assert_close(r[..., 1:], ref)
+
+
+def test_value_weighted_golden():
+    a = torch.tensor([[[0.2, 0.5, 0.3]]])
+    v = torch.tensor([[[[3.0, 4.0], [1.0, 0.0], [0.0, 2.0]]]])
+    np.testing.assert_allclose(value_weighted(a, v)[0, 0].numpy(), np.array([1.0, 0.5, 0.6]) / 2.1, rtol=1e-6)
+
+
+# --- the attention loss ------------------------------------------------------------------------------------------
+
+def test_kl_and_mse_golden_same_heads():
+    torch.manual_seed(3)
+    s, t = torch.rand(3, 2, 10).softmax(-1), torch.rand(3, 2, 10).softmax(-1)
+    sn, tn = np_clamp(s.numpy()), np_clamp(t.numpy())
+    np.testing.assert_allclose(cls_attention_loss(s, t).item(), np_kl(sn, tn, 3), rtol=1e-5)
+    np.testing.assert_allclose(cls_attention_loss(s, t, loss="mse").item(), ((sn - tn) ** 2).sum() / 3, rtol=1e-5)
+    # equal heads with "auto" do not aggregate: T plays no role
+    assert cls_attention_loss(s, t, T=1.0) == cls_attention_loss(s, t, T=50.0)
+
+
+def test_kl_golden_with_aggregation_and_interpolation():
+    torch.manual_seed(4)
+    s, t = torch.rand(2, 3, 1 + 4).softmax(-1), torch.rand(2, 6, 1 + 16).softmax(-1)
+    ti = interpolate_cls_attention(t, (4, 4), (2, 2)).numpy().astype(np.float64)
+    def agg(x, T):
+        z = np.log(np.clip(x, 1e-12, None)).sum(1) / T
+        z = np.exp(z - z.max(-1, keepdims=True))
+        return z / z.sum(-1, keepdims=True)
+    sn, tn = np_clamp(agg(s.numpy().astype(np.float64), 10.0)), np_clamp(agg(ti, 10.0))
+    np.testing.assert_allclose(cls_attention_loss(s, t, T=10.0).item(), np_kl(sn, tn, 2), rtol=1e-4)
+
+
+def test_attention_loss_errors():
+    s, t = torch.rand(2, 3, 5).softmax(-1), torch.rand(2, 6, 5).softmax(-1)
+    with pytest.raises(ValueError, match="head counts differ"):
+        cls_attention_loss(s, t, aggregate=None)
+    with pytest.raises(ValueError, match="interpolate=True"):
+        cls_attention_loss(s, torch.rand(2, 3, 17).softmax(-1), interpolate=False)
+    with pytest.raises(ValueError, match="valid"):
+        cls_attention_loss(s, s, loss="l1")
+
+
+def test_attention_loss_gradients_reach_student_only():
+    s_logits = torch.randn(2, 2, 17, requires_grad=True)
+    t_logits = torch.randn(2, 4, 65, requires_grad=True)
+    loss = cls_attention_loss(s_logits.softmax(-1), t_logits.softmax(-1))
+    loss.backward()
+    assert torch.isfinite(loss) and s_logits.grad.abs().sum() > 0 and t_logits.grad is None
+
+
+# --- projector, CompRess, patch alignment -------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,dims", [(1, [8, 16]), (2, [8, 16, 16]), (4, [8, 16, 8, 16, 16]),
+                                    (8, [8, 16, 8, 16, 8, 16, 8, 16, 16])])
+def test_projector_dims_and_layers(n, dims):
+    assert projector_dims(8, 16, n) == dims
+    p = Projector(8, 16, n)
+    outs = p.forward_layers(torch.randn(3, 8))
+    assert len(outs) == n and [o.shape[-1] for o in outs] == dims[1:]
+    out = outs[-1]  # after the output LayerNorm (no affine change at init): zero mean, unit variance
+    torch.testing.assert_close(out.mean(-1), torch.zeros(3), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="n_layers"):
+        projector_dims(8, 16, 0)
+
+
+def test_compress_loss_golden_and_queue():
+    q = CompRessQueue(3, size=2)
+    q.push(torch.tensor([[2.0, 0, 0], [0, 0, 5.0], [0, 1.0, 0]]))     # more than the size: the last 2 are kept
+    assert int(q.filled) == 2 and torch.allclose(q.anchors(), torch.tensor([[0, 0, 1.0], [0, 1.0, 0]]))
+    torch.manual_seed(0)
+    s, t = torch.randn(2, 3), torch.randn(2, 3)
+    sn = s.numpy() / np.linalg.norm(s.numpy(), axis=1, keepdims=True)
+    tn = t.numpy() / np.linalg.norm(t.numpy(), axis=1, keepdims=True)
+    A = np.concatenate([q.anchors().numpy(), tn])
+    def sm(z): z = np.exp(z - z.max(1, keepdims=True)); return z / z.sum(1, keepdims=True)
+    ps, pt = sm(sn @ A.T / 0.1), sm(tn @ A.T / 0.1)
+    np.testing.assert_allclose(compress_loss(s, t, q.anchors(), tau=0.1).item(), np_kl(ps, pt, 2), rtol=1e-4)
+
+
+def test_patch_alignment_interpolates_teacher():
+    t = torch.randn(2, 16, 5)
+    s = torch.randn(2, 4, 5)
+    ref = F.interpolate(t.transpose(1, 2).reshape(2, 5, 4, 4), size=(2, 2), mode="bicubic",
+                        align_corners=False).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(patch_alignment_loss(s, t, (2, 2), (4, 4)), F.mse_loss(s, ref))
+
+
+def test_layer_pairs():
+    assert layer_pairs(6, 6) == [(5, 5)]
+    assert layer_pairs(4, 6, "all") == [(0, 1), (1, 2), (2, 4), (3, 5)]   # ceil((i+1) * 6 / 4) - 1
+    assert layer_pairs(3, 2, "all") == [(0, 0), (1, 1), (2, 1)]
+    with pytest.raises(ValueError, match="valid"):
+        layer_pairs(4, 6, "first")
+
+
+# --- the method ------------------------------------------------------------------------------------------
+
+def test_method_terms_equal_independent_computation():
+    teacher, student = vit(32, 2, 4, 8), vit(16, 2, 2, 16, seed=1)
+    m = attndistill_method(teacher, student)
+    assert [t.name for t in m.terms] == ["feat", "attn"] and m.terms[1].weight == 0.1
+    x = data().tensors[0][:4]
+    ctx = StepContext(x=x, model=student, train_model=student, modules=m.extra_modules, device=torch.device("cpu"))
+    m.before_forward(ctx); m.forward(ctx)
+    ref_attn = cls_attention_loss(attention_maps(student, x, [-1], cls_only=True)[0],
+                                  attention_maps(teacher, x, [-1], cls_only=True)[0], 10.0, "logsum")
+    torch.testing.assert_close(m.terms[1].fn(ctx), ref_attn)
+    tok = student.blocks(student.norm_pre(student._pos_embed(student.patch_embed(x))))
+    with torch.no_grad():
+        t_cls = teacher.forward_features(x)[:, 0]
+    torch.testing.assert_close(m.terms[0].fn(ctx), F.mse_loss(m.extra_modules["projector"](tok[:, 0]), t_cls))
+
+
+def test_teacher_targets_value_capture():
+    teacher = vit(32, 2, 4, 8)
+    out = teacher_targets(teacher, torch.randn(2, 3, 32, 32), [1], with_v=True)
+    assert out["cls"].shape == (2, 32) and out["patches"].shape == (2, 16, 32)
+    assert out["maps"][0].shape == (2, 4, 17) and out["v"][0].shape == (2, 4, 17, 8)
+    assert not out["cls"].requires_grad
+
+
+@pytest.mark.parametrize("opts", [dict(), dict(attn_weight=0.0), dict(aggregate="max", attn_loss="mse"),
+                                  dict(value_weight=True, attn_layers="all"),
+                                  dict(feature_weight=0.0, compress_weight=1.0, compress_queue=8),
+                                  dict(patch_align_weight=1.0, proj_layers=1)])
+def test_method_trains_one_epoch(opts):
+    teacher, student = vit(32, 2, 4, 8), vit(16, 3, 2, 16, seed=1)
+    m = attndistill_method(teacher, student, **opts)
+    t_before = {k: v.clone() for k, v in teacher.state_dict().items()}
+    w0 = student.blocks[0].attn.qkv.weight.detach().clone()
+    res = fit(student, data(), None, TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_epochs=0), method=m,
+              progress=False)
+    h = res["history"][0]
+    assert all(math.isfinite(h[f"loss_{t.name}"]) for t in m.terms)
+    assert not torch.equal(student.blocks[0].attn.qkv.weight, w0)
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in t_before.items())   # frozen teacher
+    assert torch.equal(student.norm.weight, torch.ones_like(student.norm.weight))        # layer-0 norm untrained
+
+
+def test_method_argument_errors():
+    teacher = vit(32, 2, 4, 8)
+    with pytest.raises(ValueError, match="choose aggregate"):
+        attndistill_method(teacher, vit(16, 2, 2, 8), aggregate=None)
+    with pytest.raises(ValueError, match="interpolate=True"):
+        attndistill_method(teacher, vit(16, 2, 4, 16), interpolate=False)
+    with pytest.raises(ValueError, match="every weight is 0"):
+        attndistill_method(teacher, vit(16, 2, 4, 8), feature_weight=0.0, attn_weight=0.0)
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        attndistill_method(teacher, torch.nn.Linear(2, 2))
+
+
+def test_projector_layer_features():
+    student, proj = vit(16, 2, 2, 8), Projector(16, 24, 4)
+    feats, y = projector_layer_features(student, proj, DataLoader(data(10), batch_size=4))
+    assert [tuple(f.shape) for f in feats] == [(10, 16), (10, 32), (10, 16), (10, 32), (10, 24)] and y.shape == (10,)
+    with torch.no_grad():
+        torch.testing.assert_close(feats[0], student.forward_features(data(10).tensors[0])[:, 0])
+    assert all(torch.isfinite(f).all() for f in feats)

@@ -1,0 +1,162 @@
+"""GTA and the transfer-learning baselines: golden values from the papers' formulas (numpy), shapes, errors."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from attnrepro.gta import (METHODS, StepContext, TransferMethod, bss_loss, cls_attention, frozen_copy,
+                           guidance_loss, guidance_term, l2sp_penalties, mixed_targets, patch_box_mask,
+                           set_finetune_part, target_from_source, transfer_method, transmix_lambda)
+from attnrepro.models import create_student
+from attnrepro.train import TrainConfig, fit
+
+
+@pytest.fixture(scope="module")
+def source():
+    torch.manual_seed(0)
+    return frozen_copy(create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                                      num_classes=0))
+
+
+def _cls_logits_numpy(model, x):
+    "Eq. 2 by hand: per block, q k^T / sqrt(d) of the CLS query, from the block's own weights (numpy)."
+    out, z = [], model.patch_embed(x)
+    z = model._pos_embed(z)
+    z = model.norm_pre(z)
+    for blk in model.blocks:
+        h = blk.norm1(z).detach().numpy()
+        W, b = blk.attn.qkv.weight.detach().numpy(), blk.attn.qkv.bias.detach().numpy()
+        qkv = h @ W.T + b                                         # (B, N, 3D)
+        B, N, _ = qkv.shape
+        H = blk.attn.num_heads
+        qkv = qkv.reshape(B, N, 3, H, -1).transpose(2, 0, 3, 1, 4)
+        q, k = qkv[0], qkv[1]
+        out.append(np.einsum("bhd,bhnd->bhn", q[:, :, 0], k) / math.sqrt(q.shape[-1]))
+        z = blk(z)
+    return out
+
+
+def test_gta_term_matches_eq5_by_hand(source):
+    torch.manual_seed(1)
+    tgt = target_from_source(source, 4)
+    with torch.no_grad():                       # move the target away from the source
+        for p in tgt.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    tgt.eval()
+    x = torch.randn(3, 3, 32, 32)
+    a_s, a_t = _cls_logits_numpy(source, x), _cls_logits_numpy(tgt, x)
+    want = sum(((t[..., 1:] - s[..., 1:]) ** 2).sum(axis=(1, 2)).mean() for s, t in zip(a_s, a_t))
+    meth = TransferMethod(tgt, source, [guidance_term("attn_logits", 1.0)])
+    ctx = StepContext(x=x, y=torch.zeros(3, dtype=torch.long), target=None, model=tgt, train_model=tgt,
+                      device=torch.device("cpu"), step=0, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    meth.before_forward(ctx)
+    meth.forward(ctx)
+    got = meth.terms[1].fn(ctx).item()
+    assert got == pytest.approx(want, rel=1e-4)
+    assert got > 0
+
+
+def test_guidance_variants_golden():
+    s = {0: torch.zeros(2, 3, 4), 1: torch.zeros(2, 3, 4)}
+    t = {0: torch.full((2, 3, 4), 2.0), 1: torch.ones(2, 3, 4)}
+    assert guidance_loss(t, s, "msa").item() == 12 * 4 + 12 * 1
+    with pytest.raises(ValueError, match="valid"):
+        guidance_loss(t, s, "mlp")
+    with pytest.raises(ValueError, match="differ"):
+        guidance_loss({0: t[0]}, s, "block")
+
+
+def test_l2sp_golden():
+    torch.manual_seed(0)
+    m = create_student("vit", img_size=16, patch_size=8, embed_dim=8, depth=1, num_heads=2, num_classes=3)
+    start = {n: torch.zeros_like(p) for n, p in m.named_parameters() if not n.startswith("head.")}
+    back, head = l2sp_penalties(m, start)
+    want_b = 0.5 * sum(float((p.detach() ** 2).sum()) for n, p in m.named_parameters() if not n.startswith("head."))
+    want_h = 0.5 * float((m.head.weight.detach() ** 2).sum() + (m.head.bias.detach() ** 2).sum())
+    assert back.item() == pytest.approx(want_b, rel=1e-5) and head.item() == pytest.approx(want_h, rel=1e-5)
+
+
+def test_bss_matches_numpy_svd():
+    g = torch.randn(16, 6, generator=torch.Generator().manual_seed(0))
+    s = np.linalg.svd(g.numpy(), compute_uv=False)
+    assert bss_loss(g, 1).item() == pytest.approx(s[-1] ** 2, rel=1e-5)
+    assert bss_loss(g, 3).item() == pytest.approx((s[-3:] ** 2).sum(), rel=1e-5)
+    with pytest.raises(ValueError, match="k must be"):
+        bss_loss(g, 7)
+
+
+def test_finetune_parts(source):
+    t = target_from_source(source, 4)
+    info = set_finetune_part(t, "attention")
+    names = {n for n, p in t.named_parameters() if p.requires_grad}
+    assert all(".attn." in n or n.startswith("head.") for n in names) and "blocks.1.attn.proj.weight" in names
+    set_finetune_part(t, "ffn")
+    names = {n for n, p in t.named_parameters() if p.requires_grad}
+    assert all(".mlp." in n or n.startswith("head.") for n in names)
+    assert info["n_trainable"] < info["n_total"]
+    with pytest.raises(ValueError, match="valid"):
+        set_finetune_part(t, "norms")
+
+
+def test_transmix_golden():
+    a = torch.tensor([[[1., 3., 0., 0.], [3., 1., 0., 0.]]])   # B=1, H=2: head mean [2, 2, 0, 0] -> 0.5 / 0.5
+    assert transmix_lambda(a / 4, torch.tensor([1., 0., 0., 0.])).item() == pytest.approx(0.5)
+    assert torch.equal(patch_box_mask((16, 32, 16, 32), (32, 32), (4, 4)).reshape(4, 4)[2:, 2:], torch.ones(2, 2))
+    t = mixed_targets(torch.tensor([1, 0]), torch.tensor([0.25, 0.25]), 2, smoothing=0.1)
+    assert torch.allclose(t.sum(1), torch.ones(2)) and t[0, 0].item() == pytest.approx(0.75 * 0.05 + 0.25 * 0.95)
+
+
+def test_errors(source):
+    t = target_from_source(source, 4)
+    with pytest.raises(ValueError, match="frozen source"):
+        TransferMethod(t, None, [guidance_term()])
+    with pytest.raises(ValueError, match="unknown kind"):
+        transfer_method("lora", t, source)
+    data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 4, (8,)))
+    meth = transfer_method("transmix", t, source)
+    with pytest.raises(ValueError, match="own CutMix"):
+        fit(t, data, None, TrainConfig(epochs=1, batch_size=4, warmup_epochs=0, cutmix=1.0, num_classes=4),
+            method=meth, progress=False)
+
+
+@pytest.mark.parametrize("kind", METHODS)
+def test_every_method_trains_finite(source, kind):
+    torch.manual_seed(0)
+    t = target_from_source(source, 4)
+    data = TensorDataset(torch.randn(8, 3, 32, 32), torch.randint(0, 4, (8,)))
+    meth = transfer_method(kind, t, source)
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_epochs=0, **meth.train_overrides)
+    res = fit(t, data, data, cfg, method=meth, progress=False)
+    assert all(math.isfinite(v) for v in res["history"][0].values())
+    assert res["steps"] == 2
+
+
+def test_cls_attention_is_distribution(source):
+    x = torch.randn(2, 3, 32, 32)
+    a = cls_attention(source, x, head_reduce=None)
+    assert a.shape == (2, 2, 4, 4) and torch.allclose(a.sum((-2, -1)), torch.ones(2, 2), atol=1e-5)
+    assert torch.allclose(cls_attention(source, x, head_reduce="max"), a.max(1).values)
+
+
+def test_class_group_on_embedded_sample():
+    from attnrepro.data import get_dataset
+    from attnrepro.gta import ClassGroup
+    ds = get_dataset("tiny-imagenet-sample", "val")
+    g = ClassGroup(ds, ["bullfrog", "goldfish"])
+    assert g.classes == ["bullfrog", "goldfish"] and sorted(set(g.targets)) == [0, 1]
+    assert len(g) == sum(ds.classes[t].split(",")[0] in ("bullfrog", "goldfish") for t in ds.targets)
+    assert len(g.boxes) == len(g) and g.boxes[0].shape == (1, 4)
+    with pytest.raises(ValueError, match="not found"):
+        ClassGroup(ds, ["Chihuahua"])
+
+
+def test_feature_tap_cleans_up_on_error(source):
+    from attnrepro.gta import FeatureTap
+    t = target_from_source(source, 3)
+    with pytest.raises(KeyError):
+        with FeatureTap(t, {"attn_logits": None, "block": None, "pre_logits": None}):
+            raise KeyError("boom")
+    assert not t.blocks[0]._forward_hooks and not t.head._forward_pre_hooks
+    assert not t.blocks[0].attn.k_norm._forward_hooks and not t.blocks[0].attn._forward_pre_hooks
