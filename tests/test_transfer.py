@@ -1,0 +1,197 @@
+"""attnrepro.transfer: copy / distill methods of Li et al. 2024, against formulas written out in numpy."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from attnrepro.attention import AttentionCapture
+from attnrepro.core import seed_everything
+from attnrepro.models import create_student
+from attnrepro.train import StepContext, TrainConfig, fit
+from attnrepro.transfer import (CopyModel, block_features, Distill, TeacherDistillMethod, attention_info_counts, build_transfer,
+                                effective_attention_maps, ensemble_top1, first_layers, last_layers, layer_cka,
+                                model_info_counts, predict_logits, pretrained_student, teacher_forward, vit_shape)
+
+KW = dict(img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2)
+
+
+def _models(drop_path_rate=0.0, seed=0):
+    seed_everything(seed)
+    t = create_student(**KW, num_classes=0).eval()
+    s = create_student(**KW, num_classes=5, drop_path_rate=drop_path_rate)
+    return t, s
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@pytest.fixture
+def x():
+    return torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def test_info_counts_golden():
+    # Appendix Table 10, ViT-L/16 at 224 px: 24 x 16 x 197 x 64 x 2 ~ 9.7M, 24 x 16 x 197 x 197 ~ 15M
+    c = attention_info_counts(24, 16, 197, 64)
+    assert c == {"qk": 24 * 16 * 197 * 64 * 2, "map": 24 * 16 * 197 * 197}
+    assert f"{c['qk'] / 1e6:.1f}" == "9.7" and f"{c['map'] / 1e6:.0f}" == "15"
+    t, _ = _models()
+    assert model_info_counts(t) == attention_info_counts(3, 2, 17, 16)
+    with pytest.raises(ValueError, match="depth"):
+        attention_info_counts(0, 16, 197, 64)
+
+
+def test_layer_helpers():
+    assert first_layers(3, 6) == [0, 1, 2] and last_layers(3, 6) == [3, 4, 5]
+    with pytest.raises(ValueError, match="1..6"):
+        first_layers(0, 6)
+
+
+def test_attn_and_q_distill_golden(x):
+    t, s = _models()
+    s.train()
+    m = TeacherDistillMethod(t, [Distill("attn", (0, 2), 3.0), Distill("q", (1,), 0.5), Distill("feature", (0,))])
+    ctx = StepContext(model=s, train_model=s, x=x)
+    m.forward(ctx)
+    got = {tm.name: float(tm.fn(ctx).detach()) for tm in m.terms if tm.name != "ce"}
+    with torch.no_grad():
+        with AttentionCapture(t, what=("logits", "q")) as ct:
+            t(x)
+        with AttentionCapture(s, what=("logits", "q")) as cs:
+            s(x)
+    # official CE: mean over batch, heads and every query row (CLS included), summed over the distilled blocks
+    ce = 0.0
+    for i in (0, 2):
+        p = _softmax(ct.logits[i].double().numpy())
+        ls = cs.logits[i].double().numpy()
+        logq = ls - ls.max(-1, keepdims=True) - np.log(np.exp(ls - ls.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        ce += -(p * logq).sum(-1).mean()
+    assert got["attn_distill"] == pytest.approx(ce, rel=1e-5)
+    mse = ((cs.q[1].double().numpy() - ct.q[1].double().numpy()) ** 2).mean()
+    assert got["q_distill"] == pytest.approx(mse, rel=1e-5)
+    assert got["feature_distill"] > 0
+    assert [(tm.name, tm.weight) for tm in m.terms] == [("ce", 1.0), ("attn_distill", 3.0), ("q_distill", 0.5),
+                                                         ("feature_distill", 1.0)]
+    # the teacher's side carries no graph, the student's does
+    assert not ctx.distill_teacher["attn_distill"][0].requires_grad and ctx.distill_student["attn_distill"][0].requires_grad
+
+
+def test_shared_drop_path_replays_the_students_masks(x):
+    _, s = _models(drop_path_rate=0.6)
+    t = copy.deepcopy(s).eval().requires_grad_(False)
+    for b in t.blocks:
+        b.drop_path1 = b.drop_path2 = nn.Identity()
+    s.train()
+    tt = teacher_forward(t, x, what=("logits",), student=s)
+    with AttentionCapture(s, what=("logits",)) as cs:
+        s(x)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(tt["logits"], cs.logits))
+    # without sharing, the (eval) teacher differs from the stochastic student somewhere past block 0
+    plain = teacher_forward(t, x, what=("logits",))
+    with AttentionCapture(s, what=("logits",)) as cs2:
+        s(x)
+    assert any(not torch.allclose(a, b, atol=1e-4) for a, b in zip(plain["logits"], cs2.logits))
+    assert not t.training and all(isinstance(b.drop_path1, nn.Identity) for b in t.blocks)
+
+
+@pytest.mark.parametrize("source", ["maps", "q", "k"])
+def test_copy_applies_the_formula(source, x):
+    t, s = _models()
+    cm = CopyModel(s, t, source=source).eval()
+    maps = effective_attention_maps(cm, x)
+    with torch.no_grad(), AttentionCapture(t, what=("logits", "q", "k")) as ct:
+        t(x)
+    with torch.no_grad(), AttentionCapture(s, what=("q", "k", "maps")) as cs:
+        cm(x)    # the student's own q/k are recorded before the override mixes the teacher's in
+    scale = s.blocks[0].attn.scale
+    for i in range(3):
+        if source == "maps":
+            want = _softmax(ct.logits[i].double().numpy())
+        elif source == "q":
+            want = _softmax(scale * ct.q[i].double().numpy() @ cs.k[i].double().numpy().swapaxes(-1, -2))
+        else:
+            want = _softmax(scale * cs.q[i].double().numpy() @ ct.k[i].double().numpy().swapaxes(-1, -2))
+        assert np.allclose(maps[i].double().numpy(), want, atol=1e-5)
+
+
+def test_copy_heads_subset_keeps_own_heads(x):
+    t, s = _models()
+    cm = CopyModel(s, t, layers=[1], heads=[0]).eval()
+    maps = effective_attention_maps(cm, x)
+    with torch.no_grad(), AttentionCapture(t, what=("maps",)) as ct:
+        t(x)
+    with torch.no_grad(), AttentionCapture(s, what=("maps",)) as cs:
+        s(x)
+    assert torch.allclose(maps[1][:, 0], ct.maps[1][:, 0], atol=1e-6)          # copied head
+    assert not torch.allclose(maps[1][:, 1], ct.maps[1][:, 1], atol=1e-3)      # own head
+    assert torch.allclose(maps[0], cs.maps[0], atol=1e-6)                      # block 0 not copied: own map
+
+
+@pytest.mark.parametrize("aggregate", ["examples", "layers", "heads", "queries"])
+def test_aggregated_copy_runs(aggregate, x):
+    t, s = _models()
+    out = CopyModel(s, t, aggregate=aggregate).eval()(x)
+    assert out.shape == (4, 5) and torch.isfinite(out).all()
+
+
+def test_copy_model_runs_teacher_at_evaluation():
+    t, s = _models()
+    calls = []
+    t.blocks[0].register_forward_hook(lambda *a: calls.append(1))
+    ds = TensorDataset(torch.randn(16, 3, 32, 32), torch.randint(0, 5, (16,)))
+    cm = CopyModel(s, t)
+    fit(cm, ds, ds, TrainConfig(epochs=1, batch_size=8, lr=1e-3, warmup_epochs=0), progress=False)
+    assert len(calls) == 2 + 2      # 2 training steps + 2 evaluation batches, each with a teacher forward
+    assert all(not p.requires_grad for p in cm.teacher.parameters())
+    before = copy.deepcopy(t.state_dict())
+    assert all(torch.equal(before[k], v) for k, v in cm.teacher.state_dict().items())
+
+
+def test_pretrained_student_and_errors():
+    t, s = _models()
+    ft = pretrained_student(t, 7)
+    assert vit_shape(ft) == dict(KW) and ft.head.out_features == 7
+    assert all(torch.equal(a, b) for (k, a), (_, b) in zip(t.state_dict().items(), ft.state_dict().items())
+               if not k.startswith("head"))
+    no_bias = create_student(**KW, num_classes=0, qkv_bias=False)   # same shape, other keys: refused, not half-loaded
+    with pytest.raises(ValueError, match="keys differ"):
+        pretrained_student(no_bias, 7)
+    with pytest.raises(ValueError, match="choose one of"):
+        build_transfer("tune", t, 5)
+    with pytest.raises(ValueError, match="needs a teacher"):
+        build_transfer("copy", None, 5, shape=dict(KW))
+    with pytest.raises(ValueError, match="kind"):
+        Distill("qk")
+
+
+def test_every_method_fits_and_ensembles():
+    t, _ = _models()
+    ds = TensorDataset(torch.randn(16, 3, 32, 32), torch.randint(0, 5, (16,)))
+    cfg = TrainConfig(epochs=1, batch_size=8, lr=1e-3, warmup_epochs=0)
+    logits = []
+    for meth, kw in [("scratch", {}), ("finetune", {}), ("copy", dict(layers=[-1])), ("distill", dict(weight=3.0)),
+                     ("q_distill", {}), ("feature_distill", {})]:
+        model, method = build_transfer(meth, t, 5, **kw)
+        r = fit(model, ds, ds, cfg, method, progress=False)
+        assert np.isfinite(r["history"][0]["loss"])
+        lg, y = predict_logits(model, DataLoader(ds, batch_size=8))
+        logits.append(lg)
+    acc = ensemble_top1(logits[:2], y)
+    assert 0 <= acc <= 100
+    ck = layer_cka(build_transfer("scratch", t, 5)[0], t, DataLoader(ds, batch_size=8), max_images=12)
+    assert len(ck) == 3 and all(0 <= c <= 1 + 1e-9 for c in ck)
+    x = ds.tensors[0][:4]
+    assert block_features(t, x)[0].shape == (4 * 17, 32) and block_features(t, x, "cls")[0].shape == (4, 32)
+    # a CopyModel's features are its student's under the copied attention: neither the teacher's nor the
+    # student's own forward
+    cm = CopyModel(build_transfer("scratch", t, 5)[0], t).eval()
+    fc = block_features(cm, x)
+    assert len(fc) == 3 and fc[0].shape == (4 * 17, 32)
+    assert not torch.allclose(fc[0], block_features(t, x)[0]) and not torch.allclose(fc[0], block_features(cm.student, x)[0])
+    with pytest.raises(ValueError, match="tokens"):
+        block_features(t, x, "max")
