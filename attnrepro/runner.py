@@ -81,6 +81,13 @@ def compact_progress_output(nb_path: Path | str) -> None:
         if "outputs" in cell: cell["outputs"] = merged
     nbformat.write(nb, str(nb_path))
 
+def _pid_alive(pid: str) -> bool:
+    "Whether process `pid` (a string from a staging folder name) is still running."
+    try: os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError): return False
+    except PermissionError: return True
+    return True
+
 def _publish(staging: Path, final: Path) -> None:
     final.mkdir(parents=True, exist_ok=True)
     produced = {p.name for p in staging.iterdir()}
@@ -116,8 +123,8 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
         raise ValueError(f"Unknown or reserved parameter(s) {bad} for {short!r}; settable parameters: {settable}")
     final = output_dir(short, profile, root)
     final.mkdir(parents=True, exist_ok=True)
-    for stale in final.parent.glob(f".staging-{short}-*"):  # left by a killed regeneration
-        shutil.rmtree(stale, ignore_errors=True)
+    for stale in final.parent.glob(f".staging-{short}-*"):  # left by a killed regeneration, not a running one
+        if not _pid_alive(stale.name.rsplit("-", 1)[-1]): shutil.rmtree(stale, ignore_errors=True)
     staging = final.parent / f".staging-{short}-{os.getpid()}"
     staging.mkdir(parents=True)
     all_params = dict(params, profile=profile, out_dir=str(staging), runs_dir=str(final / "runs"), force=bool(force))
