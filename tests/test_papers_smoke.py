@@ -4,6 +4,7 @@ import json
 import pytest
 
 from attnrepro.core import project_root
+from attnrepro.report import paper_meta
 from attnrepro.runner import output_dir, run_paper, runnable_papers
 
 PAPERS = runnable_papers()
@@ -22,3 +23,10 @@ def test_smoke_run(paper):
     assert json.loads((out / "manifest.json").read_text())["profile"] == "smoke"
     assert (out / f"{paper}.ipynb").exists()
     assert manifest["wall_time_s"] > 0
+    meta = paper_meta(paper)
+    expected = [o for o in meta["outputs"] if o not in meta.get("paper_profile_only", [])]
+    assert expected, f"papers/{paper}/paper.yaml lists no outputs"
+    files = {"claims": ["claims.md", "claims.csv"]}
+    missing = [f for o in expected for f in files.get(o, [f"{o}.csv", f"{o}.md"] if o.startswith("table_") else [f"{o}.png"])
+               if not (out / f).is_file()]
+    assert not missing, f"{paper} at smoke did not produce {missing} (listed in papers/{paper}/paper.yaml)"
