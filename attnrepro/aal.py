@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture
@@ -23,7 +24,9 @@ from .train import LossTerm, Method, StepContext, ce_loss
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'vit_map_layout', 'cls_attention_maps',
            'renormalize', 'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks',
            'paper_link_mask', 'link_mask', 'resample_link_mask', 'link_magnitudes', 'select_links', 'aal_loss',
-           'aal_lambda_schedule', 'deit_distillation_term', 'aal_method', 'link_history']
+           'aal_lambda_schedule', 'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout',
+           'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes',
+           'distill_method']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -289,6 +292,34 @@ def deit_distillation_term(kind: str = "hard", weight=0.5, T: float = 3.0) -> Lo
         return kd_loss(ctx.dist_logits, ctx.teacher_logits, T)
     return LossTerm(f"deit_{kind}", fn, weight)
 
+def _teacher_stats(teacher: nn.Module, teacher_mean, teacher_std, student_mean, student_std, who: str) -> tuple:
+    "The teacher's input (mean, std): given, else from `teacher.teacher_cfg`; all four statistics checked."
+    cfg = getattr(teacher, "teacher_cfg", None) or {}
+    t_mean = teacher_mean if teacher_mean is not None else cfg.get("mean")
+    t_std = teacher_std if teacher_std is not None else cfg.get("std")
+    if t_mean is None or t_std is None:
+        raise ValueError(f"{who}: the teacher's input mean/std are unknown (no teacher.teacher_cfg['mean'/'std']); "
+                         "pass teacher_mean= and teacher_std= (e.g. attnrepro.data.IMAGENET_MEAN / IMAGENET_STD)")
+    for v, n in ((student_mean, "student_mean"), (student_std, "student_std"), (t_mean, "teacher_mean"), (t_std, "teacher_std")):
+        _stats(v, n)
+    return t_mean, t_std
+
+def _teacher_block_names(teacher: nn.Module, teacher_blocks: Sequence[str | int] | None) -> list[str]:
+    "Teacher block names from names or indices into `block_names(teacher)` (all blocks when None)."
+    all_blocks = block_names(teacher)
+    if teacher_blocks is None:
+        return all_blocks
+    names = []
+    for b in teacher_blocks:
+        if isinstance(b, int):
+            if not -len(all_blocks) <= b < len(all_blocks):
+                raise IndexError(f"teacher block {b} out of range; the teacher's blocks are {all_blocks}")
+            b = all_blocks[b]
+        names.append(b)
+    if len(set(names)) != len(names):
+        raise ValueError(f"teacher_blocks {list(teacher_blocks)} name a block twice")
+    return names
+
 def aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[str | int] | None = None,
                lam: float = 2000.0, gamma: float = 0.99, gamma_last_third: float = 0.98, epochs: int = 300,
                links: str | torch.Tensor | np.ndarray = "full", student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
@@ -296,27 +327,8 @@ def aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[
                name: str = "aal") -> Method:
     "AAL as a `Method`: CE + lambda(epoch) * L_att through trainable `AttentionLinks`, plus `extra_terms`."
     lay = vit_map_layout(student)
-    cfg = getattr(teacher, "teacher_cfg", None) or {}
-    t_mean = teacher_mean if teacher_mean is not None else cfg.get("mean")
-    t_std = teacher_std if teacher_std is not None else cfg.get("std")
-    if t_mean is None or t_std is None:
-        raise ValueError("aal_method: the teacher's input mean/std are unknown (no teacher.teacher_cfg['mean'/'std']); "
-                         "pass teacher_mean= and teacher_std= (e.g. attnrepro.data.IMAGENET_MEAN / IMAGENET_STD)")
-    for v, n in ((student_mean, "student_mean"), (student_std, "student_std"), (t_mean, "teacher_mean"), (t_std, "teacher_std")):
-        _stats(v, n)
-    all_blocks = block_names(teacher)
-    if teacher_blocks is None:
-        names = all_blocks
-    else:
-        names = []
-        for b in teacher_blocks:
-            if isinstance(b, int):
-                if not -len(all_blocks) <= b < len(all_blocks):
-                    raise IndexError(f"teacher block {b} out of range; the teacher's blocks are {all_blocks}")
-                b = all_blocks[b]
-            names.append(b)
-        if len(set(names)) != len(names):
-            raise ValueError(f"teacher_blocks {list(teacher_blocks)} name a block twice")
+    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "aal_method")
+    names = _teacher_block_names(teacher, teacher_blocks)
     teacher.eval().requires_grad_(False)
     img = tuple(student.patch_embed.img_size)
     channels = cnn_block_channels(teacher, names, img)
@@ -374,3 +386,138 @@ def link_history(history: Sequence[Mapping]) -> np.ndarray:
             a[b, l] = v
         out.append(a)
     return np.stack(out)
+
+# %% ../nbs/12_aal.ipynb #002c0bf0
+def pit_map_layout(model: nn.Module) -> dict:
+    "PiT token layout for AAL: first-stage `grid`, `prefix_tokens`, `stages` (depth, heads each), `num_maps`."
+    m = model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else model
+    if not isinstance(m, PoolingVisionTransformer):
+        raise TypeError(f"pit_map_layout needs a timm PoolingVisionTransformer (PiT) student, got {type(m).__name__}; "
+                        "use vit_map_layout / aal_method for ViT and DeiT students")
+    d = describe_model(m)
+    stages = [(s["depth"], s["heads"]) for s in d["stages"]]
+    return dict(grid=tuple(d["grid"]), prefix_tokens=d["prefix_tokens"], stages=stages,
+                num_maps=sum(dp * h for dp, h in stages))
+
+def pit_cls_attention_maps(cls_rows: Sequence[torch.Tensor], grid: tuple[int, int], prefix_tokens: int) -> torch.Tensor:
+    "Eq. 3 for PiT: each block's CLS row (B, H_s, P+n_s) over its square patch grid, renormalised, bicubically resized to `grid`, stacked."
+    out = []
+    for i, a in enumerate(cls_rows):
+        if a.ndim != 3 or a.shape[-1] <= prefix_tokens:
+            raise ValueError(f"block {i}: CLS attention of shape {tuple(a.shape)}, expected (B, H, {prefix_tokens} prefix + patches)")
+        p = a[..., prefix_tokens:]
+        g = int(round(math.sqrt(p.shape[-1])))
+        if g * g != p.shape[-1]:
+            raise ValueError(f"PiT stage with {p.shape[-1]} patches is not a square grid")
+        p = (p / p.sum(-1, keepdim=True)).reshape(*p.shape[:2], g, g)   # softmax over K[1:] (Eq. 3)
+        if (g, g) != tuple(grid):
+            p = F.interpolate(p, size=tuple(grid), mode="bicubic", align_corners=False)
+        out.append(p)
+    return torch.cat(out, 1)
+
+def pit_aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[str | int] | None = None,
+                   lam: float = 2000.0, gamma: float = 0.99, gamma_last_third: float = 0.98, epochs: int = 300,
+                   links: str | torch.Tensor | np.ndarray = "full", student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
+                   teacher_mean=None, teacher_std=None, ce_weight=1.0, extra_terms: Sequence[LossTerm] = (),
+                   name: str = "pit_aal") -> Method:
+    "AAL for a PiT student: all stages' CLS maps on the first-stage grid, linked (default: fully) to every CNN channel."
+    lay = pit_map_layout(student)
+    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "pit_aal_method")
+    names = _teacher_block_names(teacher, teacher_blocks)
+    teacher.eval().requires_grad_(False)
+    channels = cnn_block_channels(teacher, names, tuple(student.patch_embed.img_size))
+    link_mod = AttentionLinks(channels, num_layers=lay["num_maps"], num_heads=1, links=links)
+    grid, prefix = lay["grid"], lay["prefix_tokens"]
+
+    def before_forward(ctx: StepContext) -> None:
+        if teacher.training:
+            raise RuntimeError("the AAL teacher was switched to train mode; it must stay in eval mode (frozen BN)")
+        if next(teacher.parameters()).device != ctx.device:
+            teacher.to(ctx.device)
+        with torch.no_grad():
+            out, maps = teacher_block_maps(teacher, renormalize(ctx.x, student_mean, student_std, t_mean, t_std), names, grid)
+        ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
+        ctx.cnn_maps = torch.cat(maps, 1)
+
+    def forward(ctx: StepContext) -> None:
+        with AttentionCapture(ctx.model, what="maps", cls_only=True) as cap:
+            ctx.out = ctx.train_model(ctx.x)
+        ctx.vit_maps = pit_cls_attention_maps(cap.maps, grid, prefix)
+        if isinstance(ctx.out, (tuple, list)):   # a distilled PiT in distilled training mode: (cls, dist)
+            if len(ctx.out) != 2:
+                raise ValueError(f"student returned {len(ctx.out)} outputs; expected logits or (cls, dist)")
+            ctx.logits, ctx.dist_logits = ctx.out
+        else:
+            ctx.logits, ctx.dist_logits = ctx.out, None
+
+    def aal_term(ctx: StepContext) -> torch.Tensor:
+        return aal_loss(ctx.modules["aal_links"](ctx.vit_maps), ctx.cnn_maps)
+
+    def on_epoch_end(ctx: StepContext) -> dict:
+        mag = link_magnitudes(ctx.modules["aal_links"])
+        ctx.state.setdefault("link_magnitudes", []).append(mag.tolist())
+        return {f"aal_link_b{b}_l{l}": float(mag[b, l]) for b in range(mag.shape[0]) for l in range(mag.shape[1])}
+
+    terms = [LossTerm("ce", ce_loss, ce_weight),
+             LossTerm("aal", aal_term, aal_lambda_schedule(epochs, lam, gamma, gamma_last_third)), *extra_terms]
+    method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, before_forward=before_forward,
+                    forward=forward, on_epoch_end=on_epoch_end)
+    method.teacher_blocks, method.block_channels = names, channels
+    return method
+
+# %% ../nbs/12_aal.ipynb #5e051084
+def imagenet_class_index(classes: Sequence[str]) -> list[int]:
+    "ImageNet-1k indices of `classes` given as ImageNet descriptions (e.g. Tiny-ImageNet's); KeyError naming the missing ones."
+    from timm.data import ImageNetInfo
+    info = ImageNetInfo()
+    by_desc = {info.label_name_to_description(n): i for i, n in enumerate(info.label_names())}
+    missing = [c for c in classes if c not in by_desc]
+    if missing:
+        raise KeyError(f"{len(missing)} classes are not ImageNet-1k descriptions, e.g. {missing[:3]}")
+    return [by_desc[c] for c in classes]
+
+class ClassSubset(nn.Module):
+    "A classifier restricted to some of its classes: `model(x)[:, index]` (keeps the model's `teacher_cfg`, with the new `num_classes`)."
+    def __init__(self, model: nn.Module, index: Sequence[int]):
+        super().__init__()
+        self.model, self.index = model, list(index)
+        if not self.index:
+            raise ValueError("ClassSubset: empty class index")
+        cfg = getattr(model, "teacher_cfg", None)
+        if cfg is not None:
+            self.teacher_cfg = {**cfg, "num_classes": len(self.index)}
+    def forward(self, x): return self.model(x)[:, self.index]
+
+def restrict_to_classes(teacher: nn.Module, classes: Sequence[str]) -> nn.Module:
+    "The teacher as a classifier over `classes`: itself if it has that many classes, an ImageNet-1k teacher restricted to them, else an error."
+    cfg = getattr(teacher, "teacher_cfg", None) or {}
+    if cfg.get("num_classes") == len(classes):
+        return teacher
+    if cfg.get("dataset") != "imagenet-1k":
+        raise ValueError(f"the teacher predicts {cfg.get('num_classes')} classes, the student {len(classes)}; only "
+                         "ImageNet-1k teachers (teacher_cfg['dataset'] == 'imagenet-1k') can be restricted to the student's classes")
+    return ClassSubset(teacher, imagenet_class_index(classes)).eval()
+
+def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, teacher_std=None, ce_weight=0.5,
+                   dist_weight=0.5, T: float = 3.0, student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
+                   name: str | None = None) -> Method:
+    "DeiT label distillation (hard or soft) from a frozen `teacher` through a DeiT student's distillation token, without AAL."
+    dist_term = deit_distillation_term(kind, dist_weight, T)
+    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "distill_method")
+    teacher.eval().requires_grad_(False)
+
+    def before_forward(ctx: StepContext) -> None:
+        if next(teacher.parameters()).device != ctx.device:
+            teacher.to(ctx.device)
+        with torch.no_grad():
+            ctx.teacher_logits = teacher(renormalize(ctx.x, student_mean, student_std, t_mean, t_std)).float()
+
+    def forward(ctx: StepContext) -> None:
+        ctx.out = ctx.train_model(ctx.x)
+        if not isinstance(ctx.out, (tuple, list)) or len(ctx.out) != 2:
+            raise ValueError("distill_method needs a 'deit' student with set_distilled_training(True) "
+                             "(it then returns (cls, dist) logits in training)")
+        ctx.logits, ctx.dist_logits = ctx.out
+
+    return Method([LossTerm("ce", ce_loss, ce_weight), dist_term], name=name or f"deit_{kind}",
+                  before_forward=before_forward, forward=forward)

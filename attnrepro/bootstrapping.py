@@ -4,7 +4,7 @@
 
 # %% ../nbs/13_bootstrapping.ipynb #ff856add
 from __future__ import annotations
-import copy, math
+import copy, math, types
 from typing import Sequence
 
 import torch
@@ -20,7 +20,8 @@ from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, projec
 # %% auto #0
 __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'head_offsets', 'neighbourhood_matrices',
            'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
-           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method']
+           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
+           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -156,14 +157,17 @@ def res_like_down_sample_layers(depth: int) -> list[int]:
 class AgentCNN(nn.Module):
     "The agent CNN of a timm ViT (`arch` in AGENT_ARCHS); `shared=True` uses the ViT's MHSA/FFN weights."
     def __init__(self, vit: VisionTransformer, arch: str = "res_like", shared: bool = False,
-                 down_sample_layers: Sequence[int] | None = None, mid_channels: int = 64, in_chans: int = 3):
+                 down_sample_layers: Sequence[int] | None = None, mid_channels: int = 64, in_chans: int = 3,
+                 stem_pool: bool = True):
         super().__init__()
         if arch not in AGENT_ARCHS:
             raise ValueError(f"AgentCNN: unknown arch {arch!r}; valid: {AGENT_ARCHS}")
+        if arch == "base" and not stem_pool:
+            raise ValueError("AgentCNN: stem_pool=False applies to the res_like stem only; the base stem has no pooling")
         if not isinstance(vit, VisionTransformer):
             raise TypeError(f"AgentCNN: expected a timm VisionTransformer, got {type(vit).__name__}")
         dim, depth = vit.embed_dim, len(vit.blocks)
-        self.arch, self.shared, self.embed_dim, self.depth = arch, shared, dim, depth
+        self.arch, self.shared, self.embed_dim, self.depth, self.stem_pool = arch, shared, dim, depth, stem_pool
         self.num_heads = vit.blocks[0].attn.num_heads
         self.img_size = tuple(vit.patch_embed.img_size)
         self.num_classes = vit.num_classes
@@ -175,7 +179,8 @@ class AgentCNN(nn.Module):
         else:
             self.stem = nn.Sequential(nn.Conv2d(in_chans, mid_channels, 7, stride=2, padding=3, bias=False),
                                       nn.BatchNorm2d(mid_channels), copy.deepcopy(act),
-                                      nn.MaxPool2d(3, stride=2, padding=1),
+                                      # stem_pool=False: Identity at index 3 keeps the state-dict keys (stem.4.*)
+                                      nn.MaxPool2d(3, stride=2, padding=1) if stem_pool else nn.Identity(),
                                       nn.Conv2d(mid_channels, dim, 3, stride=2, padding=1))
             if down_sample_layers is None:
                 down_sample_layers = res_like_down_sample_layers(depth)
@@ -401,3 +406,96 @@ def bootstrap_method(vit: VisionTransformer, agent: AgentCNN, epochs: int, layer
         hooks.update(backward=backward, on_epoch_end=on_epoch_end)
     name = name or ("bootstrap_shared" if agent.shared else "bootstrap_joint")
     return Method(terms, name=name, extra_modules={"agent": agent}, **hooks)
+
+# %% ../nbs/13_bootstrapping.ipynb #f5a4d5a2
+def sam_method(rho: float = 0.1) -> Method:
+    "SAM (non-adaptive) around the trainer's optimiser: the update uses the CE gradient at w + rho * g / ||g||."
+    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not rho > 0:
+        raise ValueError(f"sam_method: rho must be a number > 0, got {rho!r}")
+    def backward(ctx):
+        ctx.loss.backward()
+        params = [p for p in ctx.model.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm(2) for p in params]))
+        if not torch.isfinite(norm): raise FloatingPointError(f"sam_method: non-finite gradient norm {norm}")
+        old = [p.detach().clone() for p in params]  # restored exactly afterwards (as davda54/sam's old_p)
+        with torch.no_grad():
+            for p in params: p.add_(p.grad, alpha=float(rho / (norm + 1e-12)))
+        for p in params: p.grad = None
+        ce_loss(StepContext(logits=ctx.train_model(ctx.x), target=ctx.target, cfg=ctx.cfg)).backward()
+        with torch.no_grad():
+            for p, o in zip(params, old): p.copy_(o)
+    return Method(name="sam", backward=backward)
+
+class EntmaxBisect(torch.autograd.Function):
+    "alpha-entmax over the last dim by bisection on tau (entmax package algorithm); alpha a 0-d tensor in (1, 2]."
+    @staticmethod
+    def forward(ctx, z, alpha, n_iter: int):
+        a = alpha.to(z.dtype)
+        x, inv, d = z * (a - 1), 1.0 / (a - 1), z.shape[-1]
+        mx = x.max(-1, keepdim=True).values
+        lo, hi = mx - 1.0, mx - (1.0 / d) ** (a - 1)
+        f_lo = (x - lo).clamp_min(0).pow(inv).sum(-1, keepdim=True) - 1
+        dm = hi - lo
+        for _ in range(n_iter):
+            dm = dm / 2
+            mid = lo + dm
+            p = (x - mid).clamp_min(0).pow(inv)
+            lo = torch.where((p.sum(-1, keepdim=True) - 1) * f_lo >= 0, mid, lo)
+        p = p / p.sum(-1, keepdim=True)
+        ctx.save_for_backward(p, a)
+        ctx.alpha_dtype = alpha.dtype
+        return p
+
+    @staticmethod
+    def backward(ctx, dp):
+        p, a = ctx.saved_tensors
+        g = torch.where(p > 0, p.pow(2 - a), torch.zeros_like(p))
+        gs = g.sum(-1, keepdim=True)
+        dz = dp * g
+        dz = dz - dz.sum(-1, keepdim=True) / gs * g
+        da = None
+        if ctx.needs_input_grad[1]:
+            S = torch.where(p > 0, p * torch.log(p), torch.zeros_like(p))
+            ys = g / gs
+            da = ((dp * (p - ys)).sum() / (a - 1) ** 2 - (dp * (S - ys * S.sum(-1, keepdim=True))).sum() / (a - 1))
+            da = da.reshape(a.shape).to(ctx.alpha_dtype)
+        return dz, da, None
+
+def entmax_bisect(z: torch.Tensor, alpha: float | torch.Tensor = 1.5, n_iter: int = 50) -> torch.Tensor:
+    "alpha-entmax of `z` over the last dim (`EntmaxBisect`); alpha a float or 0-d tensor in (1, 2], n_iter >= 1."
+    a = alpha if isinstance(alpha, torch.Tensor) else torch.tensor(float(alpha), dtype=z.dtype, device=z.device)
+    if a.ndim != 0 or not 1 < float(a) <= 2:
+        raise ValueError(f"entmax_bisect: alpha must be a scalar in (1, 2], got {alpha!r}")
+    if isinstance(n_iter, bool) or not isinstance(n_iter, int) or n_iter < 1:
+        raise ValueError(f"entmax_bisect: n_iter must be an int >= 1, got {n_iter!r}")
+    return EntmaxBisect.apply(z, a, n_iter)
+
+def _entmax_attention_forward(self, x, attn_mask=None, is_causal=False):
+    if attn_mask is not None or is_causal:
+        raise ValueError("entmax attention: attention masks are not supported")
+    B, N, C = x.shape
+    q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k = self.q_norm(q), self.k_norm(k)
+    alpha = self.entmax_alpha.clamp(1.01, 2.0)
+    attn = EntmaxBisect.apply((q * self.scale) @ k.transpose(-2, -1), alpha, self.entmax_n_iter)
+    x = (self.attn_drop(attn) @ v).transpose(1, 2).reshape(B, N, self.attn_dim)
+    return self.proj_drop(self.proj(self.norm(x)))
+
+def sparse_attention_(vit: VisionTransformer, alpha: float = 1.5, learnable: bool = True, n_iter: int = 50) -> VisionTransformer:
+    "Turn every timm Attention of `vit` into alpha-entmax attention (in place): the ViT-Sparse baseline."
+    if not isinstance(vit, VisionTransformer):
+        raise TypeError(f"sparse_attention_: expected a timm VisionTransformer, got {type(vit).__name__}")
+    for i, blk in enumerate(vit.blocks):
+        attn = blk.attn
+        if getattr(attn, "gate", None) is not None:
+            raise ValueError(f"sparse_attention_: block {i} has a gated attention; not supported")
+        for name in ("qkv", "q_norm", "k_norm", "attn_drop", "proj", "proj_drop", "norm", "attn_dim", "scale"):
+            if not hasattr(attn, name):
+                raise TypeError(f"sparse_attention_: block {i}'s attention ({type(attn).__name__}) has no {name!r}; "
+                                "expected timm's Attention")
+        t = torch.tensor(float(alpha))
+        if learnable: attn.entmax_alpha = nn.Parameter(t)
+        else: attn.register_buffer("entmax_alpha", t)
+        attn.entmax_n_iter = int(n_iter)
+        attn.forward = types.MethodType(_entmax_attention_forward, attn)
+    return vit

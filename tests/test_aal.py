@@ -241,3 +241,166 @@ def test_method_needs_teacher_stats():
     with pytest.raises(IndexError, match="layer1"):
         aal_method(tiny(), cifar_resnet(20), teacher_blocks=[5], epochs=1, teacher_mean=IMAGENET_MEAN,
                    teacher_std=IMAGENET_STD)
+
+
+# --- PiT students (Table 6) -------------------------------------------------------------------------------
+
+from attnrepro.aal import (ClassSubset, distill_method, imagenet_class_index, pit_aal_method, pit_cls_attention_maps,
+                           pit_map_layout, restrict_to_classes)
+from attnrepro.train import StepContext
+
+
+def tiny_pit(seed=0):
+    torch.manual_seed(seed)
+    return create_student("pit", img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2, num_classes=10)
+
+
+def test_pit_layout_and_maps():
+    m = tiny_pit().eval()
+    lay = pit_map_layout(m)
+    assert lay == dict(grid=(7, 7), prefix_tokens=1, stages=[(1, 2), (1, 4), (1, 8)], num_maps=14)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad(), AttentionCapture(m, what="maps", cls_only=True) as cap:
+        m(x)
+    A = pit_cls_attention_maps(cap.maps, lay["grid"], lay["prefix_tokens"])
+    assert A.shape == (3, 14, 7, 7) and A.isfinite().all()
+    # stage 1 (7x7 grid): exact Eq. 3 maps, the CLS row over the patch keys renormalised
+    row = cap.maps[0][..., 1:]
+    torch.testing.assert_close(A[:, :2], (row / row.sum(-1, keepdim=True)).reshape(3, 2, 7, 7))
+    torch.testing.assert_close(A[:, :2].sum((-2, -1)), torch.ones(3, 2))
+    # stage 2 (4x4 grid, 4 heads): renormalised, then bicubically upsampled to 7x7
+    row2 = cap.maps[1][..., 1:]
+    ref2 = torch.nn.functional.interpolate((row2 / row2.sum(-1, keepdim=True)).reshape(3, 4, 4, 4), size=(7, 7),
+                                           mode="bicubic", align_corners=False)
+    torch.testing.assert_close(A[:, 2:6], ref2)
+    with pytest.raises(ValueError, match="square"):
+        pit_cls_attention_maps([torch.rand(1, 2, 1 + 6)], (4, 4), 1)
+
+
+def test_pit_refused_by_vit_path_and_vit_by_pit_path():
+    with pytest.raises(TypeError, match="PiT"):
+        vit_map_layout(tiny_pit())
+    with pytest.raises(TypeError, match="PoolingVisionTransformer"):
+        pit_map_layout(tiny())
+
+
+def test_pit_aal_method_one_epoch():
+    student = tiny_pit()
+    method = pit_aal_method(student, cifar_resnet(20), epochs=1, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD)
+    links = method.extra_modules["aal_links"]
+    assert (links.num_layers, links.num_heads, links.block_channels) == (14, 1, [16, 32, 64])
+    assert method.name == "pit_aal" and [t.name for t in method.terms] == ["ce", "aal"]
+    w0 = links.conv.weight.detach().clone()
+    res = fit(student, synthetic(8), None, TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_epochs=0),
+              method=method, progress=False)
+    h = res["history"][0]
+    assert math.isfinite(h["loss_aal"]) and math.isfinite(h["loss_ce"]) and h["weight_aal"] == 2000
+    assert res["n_params_extra"] == aal_param_count(14, 112)
+    assert not torch.equal(links.conv.weight, w0)
+    assert all(p.isfinite().all() for p in student.parameters())
+    assert link_history(res["history"]).shape == (1, 3, 14)
+    json.dumps(res, allow_nan=False)
+    assert not any(m._forward_hooks for m in student.modules())
+
+
+def test_pit_aal_loss_is_eq5_on_the_stacked_maps():
+    student, teacher = tiny_pit(), cifar_resnet(20).eval()
+    method = pit_aal_method(student, teacher, epochs=1, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 32, 32, generator=g)
+    ctx = StepContext(x=x, target=torch.tensor([0, 1]), model=student, train_model=student, device=torch.device("cpu"),
+                      modules=method.extra_modules, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    method.before_forward(ctx)
+    method.forward(ctx)
+    with torch.no_grad():
+        _, B = teacher_block_maps(teacher, x, grid=(7, 7))
+    torch.testing.assert_close(ctx.cnn_maps, torch.cat(B, 1))
+    loss = method.terms[1].fn(ctx)
+    torch.testing.assert_close(loss, aal_loss(method.extra_modules["aal_links"](ctx.vit_maps), torch.cat(B, 1)))
+    assert ctx.logits.shape == (2, 10) and ctx.dist_logits is None
+
+
+# --- DeiT label distillation baseline and class-restricted teachers ---------------------------------------
+
+def deit_student():
+    s = tiny("deit")
+    s.set_distilled_training(True)
+    return s
+
+
+def one_step(method, student, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 10, (n,), generator=g)
+    ctx = StepContext(x=x, target=y, model=student, train_model=student, device=torch.device("cpu"),
+                      modules={}, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    method.before_forward(ctx)
+    method.forward(ctx)
+    return ctx, x, y
+
+
+def test_distill_method_hard_golden():
+    teacher = cifar_resnet(20).eval()
+    method = distill_method(teacher, "hard", IMAGENET_MEAN, IMAGENET_STD)
+    assert method.name == "deit_hard" and [(t.name, t.weight_at(0)) for t in method.terms] == [("ce", 0.5), ("deit_hard", 0.5)]
+    ctx, x, y = one_step(method, deit_student())
+    with torch.no_grad():
+        t_arg = teacher(x).argmax(1).numpy()
+    d = ctx.dist_logits.detach().double().numpy()
+    logp = d - d.max(1, keepdims=True) - np.log(np.exp(d - d.max(1, keepdims=True)).sum(1, keepdims=True))
+    assert np.isclose(method.terms[1].fn(ctx).item(), -logp[np.arange(4), t_arg].mean(), atol=1e-5)
+    c = ctx.logits.detach().double().numpy()
+    logq = c - c.max(1, keepdims=True) - np.log(np.exp(c - c.max(1, keepdims=True)).sum(1, keepdims=True))
+    assert np.isclose(method.terms[0].fn(ctx).item(), -logq[np.arange(4), y.numpy()].mean(), atol=1e-5)
+
+
+def test_distill_method_soft_golden_and_renormalised_teacher_input():
+    teacher = cifar_resnet(20).eval()
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    method = distill_method(teacher, "soft", mean, std, ce_weight=0.9, dist_weight=0.1, T=3.0)
+    ctx, x, _ = one_step(method, deit_student())
+    with torch.no_grad():  # teacher input: the ImageNet-normalised batch renormalised to (mean, std)
+        px = x * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+        t = teacher((px - 0.5) / 0.25).double().numpy()
+    assert np.allclose(ctx.teacher_logits.double().numpy(), t, rtol=1e-4, atol=1e-4)
+    s = ctx.dist_logits.detach().double().numpy()
+    def log_softmax(a): return a - a.max(1, keepdims=True) - np.log(np.exp(a - a.max(1, keepdims=True)).sum(1, keepdims=True))
+    lt, ls = log_softmax(t / 3), log_softmax(s / 3)
+    kl = (np.exp(lt) * (lt - ls)).sum(1).mean() * 9
+    assert np.isclose(method.terms[1].fn(ctx).item(), kl, rtol=1e-4, atol=1e-6)
+
+
+def test_distill_method_errors():
+    with pytest.raises(ValueError, match="teacher_mean"):
+        distill_method(cifar_resnet(20))                      # no teacher_cfg and no stats
+    with pytest.raises(ValueError, match="kind"):
+        distill_method(cifar_resnet(20), "medium", IMAGENET_MEAN, IMAGENET_STD)
+    method = distill_method(cifar_resnet(20).eval(), "hard", IMAGENET_MEAN, IMAGENET_STD)
+    with pytest.raises(ValueError, match="deit"):
+        one_step(method, tiny("vit"))                         # no distillation token
+
+
+def test_imagenet_class_index_and_class_subset():
+    assert imagenet_class_index(["goldfish, Carassius auratus", "tench, Tinca tinca"]) == [1, 0]
+    with pytest.raises(KeyError, match="not ImageNet-1k"):
+        imagenet_class_index(["tench, Tinca tinca", "no such class"])
+    net = cifar_resnet(20).eval()
+    net.teacher_cfg = dict(num_classes=10, dataset="imagenet-1k", mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    sub = ClassSubset(net, [7, 2, 5])
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(sub(x), net(x)[:, [7, 2, 5]])
+    assert sub.teacher_cfg["num_classes"] == 3 and sub.teacher_cfg["mean"] == IMAGENET_MEAN
+    distill_method(sub)                                          # stats found through the kept teacher_cfg
+
+
+def test_restrict_to_classes():
+    net = cifar_resnet(20).eval()
+    net.teacher_cfg = dict(num_classes=2, dataset="cifar10")
+    classes = ["goldfish, Carassius auratus", "tench, Tinca tinca"]
+    assert restrict_to_classes(net, classes) is net               # already the student's class count
+    net.teacher_cfg = dict(num_classes=10, dataset="cifar10")
+    with pytest.raises(ValueError, match="ImageNet-1k"):
+        restrict_to_classes(net, classes)
+    net.teacher_cfg = dict(num_classes=1000, dataset="imagenet-1k")
+    sub = restrict_to_classes(net, classes)
+    assert isinstance(sub, ClassSubset) and sub.index == [1, 0] and not sub.training

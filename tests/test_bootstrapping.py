@@ -320,3 +320,134 @@ def test_one_fit_epoch(shared):
     n_private = sum(p.numel() for p in agent.parameters() if id(p) not in vit_ids)
     assert res["n_params_extra"] == n_private
     assert (n_private < sum(p.numel() for p in agent.parameters())) == shared
+
+
+# ---------------------------------------------------------------- stem_pool option
+
+def test_stem_pool_false_equals_dropping_the_maxpool():
+    vit = tiny_vit()
+    torch.manual_seed(1)
+    ref = AgentCNN(vit, "res_like")
+    assert isinstance(ref.stem[3], nn.MaxPool2d) and ref.stem_pool
+    ref.stem[3] = nn.Identity()                              # what the paper notebook used to do by hand
+    torch.manual_seed(1)
+    agent = AgentCNN(vit, "res_like", stem_pool=False)
+    assert isinstance(agent.stem[3], nn.Identity) and not agent.stem_pool
+    sd, sd_ref = agent.state_dict(), ref.state_dict()
+    assert list(sd) == list(sd_ref) and all(torch.equal(sd[k], sd_ref[k]) for k in sd)   # same init, same keys
+    x = torch.randn(2, 3, 32, 32)
+    y, f = agent.eval().forward_with_features(x)
+    y_ref, f_ref = ref.eval().forward_with_features(x)
+    assert torch.equal(y, y_ref) and [t.shape[-1] for t in f] == [8, 4]     # stride 4 stem: 32 px -> 8, 4
+    assert [t.shape[-1] for t in AgentCNN(vit, "res_like").forward_with_features(x)[1]] == [4, 2]
+    with pytest.raises(ValueError, match="stem_pool"):
+        AgentCNN(vit, "base", stem_pool=False)
+
+
+# ---------------------------------------------------------------- baselines: sparse attention, SAM
+
+from attnrepro.bootstrapping import EntmaxBisect, entmax_bisect, sam_method, sparse_attention_
+from attnrepro.train import ce_loss
+
+
+def np_sparsemax(z):
+    "Martins & Astudillo's closed form, on the last axis."
+    zs = -np.sort(-z, -1)
+    cs = zs.cumsum(-1)
+    k = np.arange(1, z.shape[-1] + 1)
+    kz = (1 + k * zs > cs).sum(-1, keepdims=True)
+    tau = (np.take_along_axis(cs, kz - 1, -1) - 1) / kz
+    return np.maximum(z - tau, 0)
+
+
+def test_entmax_alpha2_is_sparsemax_and_alpha_to_1_is_softmax():
+    z = torch.randn(4, 3, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64) * 2
+    p = entmax_bisect(z, 2.0, 60)
+    assert np.allclose(p.numpy(), np_sparsemax(z.numpy()), atol=1e-8) and (p == 0).any()
+    torch.testing.assert_close(p.sum(-1), torch.ones(4, 3, dtype=torch.float64))
+    errs = [(entmax_bisect(z, a, 60) - z.softmax(-1)).abs().max().item() for a in (1.5, 1.1, 1.01)]
+    assert errs[0] > errs[1] > errs[2] and errs[2] < 2e-2           # converges to the softmax as alpha -> 1
+    assert (entmax_bisect(z, 1.01, 60) > 0).all()                   # and is dense there
+
+
+def test_entmax_backward_gradcheck():
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn(2, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    for a in (1.3, 1.7):
+        alpha = torch.tensor(a, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda z, a: EntmaxBisect.apply(z, a, 60), (z, alpha), atol=1e-6)
+
+
+def test_entmax_bisect_checks_arguments():
+    z = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="alpha"):
+        entmax_bisect(z, 1.0)
+    with pytest.raises(ValueError, match="n_iter"):
+        entmax_bisect(z, 1.5, 0)
+
+
+def test_sparse_attention_is_sparsemax_attention_at_alpha_2():
+    vit = tiny_vit(img_size=16, patch_size=8, embed_dim=12, depth=1, num_heads=3)
+    sparse_attention_(vit, alpha=2.0, learnable=False, n_iter=60)
+    attn = vit.blocks[0].attn
+    assert "entmax_alpha" in dict(attn.named_buffers()) and "entmax_alpha" not in dict(attn.named_parameters())
+    x = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        out = attn(x)
+        B, N, C = x.shape
+        q, k, v = attn.qkv(x).reshape(B, N, 3, 3, 4).permute(2, 0, 3, 1, 4).double().unbind(0)
+        P = torch.from_numpy(np_sparsemax(((q * attn.scale) @ k.transpose(-2, -1)).numpy()))
+        ref = attn.proj((P @ v).transpose(1, 2).reshape(B, N, C).float())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_sparse_attention_learns_alpha():
+    vit = sparse_attention_(tiny_vit(img_size=16, patch_size=8, embed_dim=12, depth=2, num_heads=3), n_iter=20)
+    alphas = [b.attn.entmax_alpha for b in vit.blocks]
+    assert all(isinstance(a, nn.Parameter) and a.item() == 1.5 for a in alphas)
+    assert all(any(p is a for p in vit.parameters()) for a in alphas)
+    y = vit(torch.randn(2, 3, 16, 16))
+    y.sum().backward()
+    assert y.isfinite().all() and all(a.grad is not None and a.grad.isfinite() for a in alphas)
+    assert "blocks.0.attn.entmax_alpha" in vit.state_dict()
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        sparse_attention_(nn.Linear(2, 2))
+
+
+def test_sam_step_restores_weights_and_uses_the_perturbed_gradient():
+    import copy
+    m = tiny_vit(img_size=16, patch_size=8, embed_dim=12, depth=1, num_heads=3, num_classes=4)
+    m.eval()                                                  # no dropout anyway; keeps both passes comparable
+    x, t = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(3)), torch.tensor([0, 1, 2, 3])
+    cfg = TrainConfig(epochs=1, warmup_epochs=0)
+    w0 = [p.detach().clone() for p in m.parameters()]
+    # independent reference: g at w, then the CE gradient at w + rho g / ||g||
+    rho = 0.3
+    ref = copy.deepcopy(m)
+    g = torch.autograd.grad(ce_loss(StepContext(logits=ref(x), target=t, cfg=cfg)), list(ref.parameters()))
+    norm = torch.sqrt(sum((gi ** 2).sum() for gi in g))
+    with torch.no_grad():
+        for p, gi in zip(ref.parameters(), g):
+            p.add_(gi * rho / norm)
+    g_adv = torch.autograd.grad(ce_loss(StepContext(logits=ref(x), target=t, cfg=cfg)), list(ref.parameters()))
+    ctx = StepContext(model=m, train_model=m, x=x, target=t, cfg=cfg)
+    ctx.loss = ce_loss(StepContext(logits=m(x), target=t, cfg=cfg))
+    method = sam_method(rho)
+    assert method.name == "sam" and method.has_custom_backward()
+    method.backward(ctx)
+    assert all(torch.equal(a, b) for a, b in zip(w0, m.parameters()))      # weights restored exactly
+    for p, ga in zip(m.parameters(), g_adv):
+        torch.testing.assert_close(p.grad, ga, rtol=1e-4, atol=1e-6)
+    assert not all(torch.allclose(p.grad, gi) for p, gi in zip(m.parameters(), g))
+    for bad in (0, -0.1, True):
+        with pytest.raises(ValueError, match="rho"):
+            sam_method(bad)
+
+
+def test_sam_method_one_fit_epoch():
+    vit = tiny_vit(img_size=16, patch_size=8, embed_dim=12, depth=1, num_heads=3, num_classes=4)
+    g = torch.Generator().manual_seed(4)
+    ds = TensorDataset(torch.randn(8, 3, 16, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+    res = fit(vit, ds, None, TrainConfig(epochs=1, batch_size=4, warmup_epochs=0), sam_method(0.1), progress=False)
+    assert res["method"] == "sam" and math.isfinite(res["history"][0]["loss_ce"])
+    assert all(p.isfinite().all() for p in vit.parameters())
