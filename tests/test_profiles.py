@@ -1,0 +1,90 @@
+"""Every paper's profiles name datasets and teachers that exist (or are being made by the teachers notebook),
+so that a typo fails here in a second rather than an hour into a mini run."""
+import pytest
+import yaml
+
+from attnrepro.core import project_root
+from attnrepro.data import list_datasets
+from attnrepro.models import BUILTIN_TEACHERS, teacher_names
+from attnrepro.runner import runnable_papers
+
+ROOT = project_root()
+PAPERS = [p for p in runnable_papers() if p != "teachers"]
+TEACHER_KEYS = {"teacher", "imagenet_teacher", "teachers", "sources", "pretrained"}
+EMBEDDED = {"cifar10-sample", "tiny-imagenet-sample", "digits"}
+
+
+def profiles(paper):
+    return yaml.safe_load((ROOT / "papers" / paper / "profiles.yaml").read_text())
+
+
+def walk(obj, path=()):
+    "(path, key, value) of every leaf."
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from walk(v, path + (str(k),))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from walk(v, path + (f"[{i}]",))
+    else:
+        yield path, obj
+
+
+def dataset_names(obj, in_data=False):
+    "Dataset names in data / datasets blocks: a block's `name`, else its `train` / `val` strings."
+    out = set()
+    if isinstance(obj, dict):
+        if in_data and isinstance(obj.get("name"), str):
+            out.add(obj["name"])
+        elif in_data:
+            out |= {obj[k] for k in ("train", "val") if isinstance(obj.get(k), str)}
+        for k, v in obj.items():
+            out |= dataset_names(v, in_data or str(k).startswith("data"))
+    elif isinstance(obj, list):
+        for v in obj:
+            out |= dataset_names(v, in_data)
+    return out
+
+
+def teacher_refs(profile):
+    "String teachers a profile names (dict specs are tiny_teacher kwargs, checked by the smoke run itself)."
+    return {v for p, v in walk(profile) if isinstance(v, str) and any(k in TEACHER_KEYS for k in p)
+            and not p[-1].startswith("paper_") and p[-1] not in ("algorithm", "data", "teacher_eval")}
+
+
+def planned_teachers():
+    return set(profiles("teachers")["mini"]["teachers"])
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_has_all_three_profiles(paper):
+    assert {"smoke", "mini", "paper"} <= set(profiles(paper)), f"papers/{paper}/profiles.yaml"
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+@pytest.mark.parametrize("profile", ["smoke", "mini"])
+def test_named_datasets_are_registered(paper, profile):
+    names = dataset_names(profiles(paper)[profile])
+    assert names, f"{paper} {profile}: found no dataset names (test walker out of date?)"
+    assert names <= set(list_datasets()), f"{paper} {profile}: unknown datasets {names - set(list_datasets())}"
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_smoke_uses_only_embedded_data(paper):
+    names = dataset_names(profiles(paper)["smoke"])
+    assert names <= EMBEDDED, f"{paper} smoke uses {names - EMBEDDED}; smoke must run on a fresh clone"
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+@pytest.mark.parametrize("profile", ["smoke", "mini"])
+def test_named_teachers_exist_or_are_planned(paper, profile):
+    known = set(BUILTIN_TEACHERS) | set(teacher_names()) | planned_teachers()
+    refs = teacher_refs(profiles(paper)[profile])
+    assert refs <= known, f"{paper} {profile}: unknown teachers {refs - known}; known: {sorted(known)}"
+
+
+def test_walkers_find_what_they_should():
+    p = {"data": {"tiny": {"name": "tiny-imagenet", "train": "train"}, "train": "cifar10", "val_split": "val"}, "teachers": {"mae": "mae_x"}, "cifar": {"teacher": "r56"},
+         "rows": [{"paper_teacher": "ResNet34", "teacher": "r20"}], "name": "not-a-dataset"}
+    assert dataset_names(p) == {"tiny-imagenet", "cifar10"}
+    assert teacher_refs(p) == {"mae_x", "r56", "r20"}
