@@ -69,7 +69,7 @@ def verify_archive(path: Path | str, expected: str | None = None) -> str:
 
 # %% ../nbs/01_data.ipynb #8a06e190
 class ArrayImageDataset(torch.utils.data.Dataset):
-    "Images in a (N, H, W, 3) uint8 array with integer `targets`; boxes (x0, y0, x1, y1) per image if known."
+    "Images in a (N, H, W, 3) uint8 array with integer `targets`; boxes (x0, y0, x1, y1), ends exclusive, per image if known."
     def __init__(self, images, targets, classes, transform=None, boxes=None, name="", split="", source=""):
         self.images, self.targets, self.classes = images, [int(t) for t in targets], list(classes)
         self.transform, self.boxes, self.name, self.split, self.source = transform, boxes, name, split, str(source)
@@ -199,6 +199,7 @@ class DatasetSpec:
     sources: list
     how_to_get: str
     embedded: bool = False  # looked for in the package's sample_data only
+    inclusive_boxes: bool = False  # stored boxes name their last pixel (Tiny-ImageNet); loaded as exclusive ends
 
 DATASETS: dict[str, DatasetSpec] = {}
 
@@ -217,13 +218,13 @@ register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     Source("tiny-imagenet-200.zip", _decode_tiny_zip),
     Source("tiny-imagenet-200-s200.zip", _decode_tiny_zip)],
     "download the official http://cs231n.stanford.edu/tiny-imagenet-200.zip into a data root (or unzip it "
-    "there); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere"))
+    "there); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere", inclusive_boxes=True))
 register_dataset(DatasetSpec("cifar10-sample", ("train", "test"),
     [Source("cifar10-sample.tar.gz", _decode_cifar_jpg_tar)], "it ships with the package: reinstall attnrepro",
     embedded=True))
 register_dataset(DatasetSpec("tiny-imagenet-sample", ("train", "val"),
     [Source("tiny-imagenet-sample.zip", _decode_tiny_zip)], "it ships with the package: reinstall attnrepro",
-    embedded=True))
+    embedded=True, inclusive_boxes=True))
 register_dataset(DatasetSpec("imagenet-samples", ("val",), [Source("imagenet-samples-100.zip", None)],
     "put `imagenet-samples-100.zip` (100 ImageNet val-style images, one per 10th class) in a data root"))
 register_dataset(DatasetSpec("digits", ("train", "test"), [], "it ships with scikit-learn"))
@@ -297,6 +298,8 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
     if name == "imagenet-samples": return _imagenet_samples(where, transform)
     images, targets, extra = _load_decoded(_decoded_dir(spec, src, where), split)
     boxes = [np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in extra["boxes"]] if "boxes" in extra else None
+    if boxes is not None and spec.inclusive_boxes:  # (x0, y0, x1, y1) with exclusive ends, as attnrepro.evaluate expects
+        boxes = [b + np.array([0, 0, 1, 1]) for b in boxes]
     return ArrayImageDataset(images, targets, extra["classes"], transform, boxes=boxes, name=name, split=split,
                              source=where)
 

@@ -20,7 +20,7 @@ def test_embedded_samples_load_offline():
     assert tiny.images.shape == (200, 64, 64, 3) and tiny.images.dtype == np.uint8
     assert len(tiny.boxes) == 200 and all(b.shape == (1, 4) for b in tiny.boxes)
     x0, y0, x1, y1 = tiny.boxes[0][0]
-    assert 0 <= x0 <= x1 < 64 and 0 <= y0 <= y1 < 64
+    assert 0 <= x0 < x1 <= 64 and 0 <= y0 < y1 <= 64  # exclusive ends (the files name the last pixel)
     val = get_dataset("tiny-imagenet-sample", "val")
     assert len(val) == 100 and np.bincount(val.targets).tolist() == [10] * 10
     test = get_dataset("cifar10-sample", "test")
@@ -121,6 +121,10 @@ def test_transform_presets(preset, size):
 def test_full_offline_data(shared_data):
     tiny_val = get_dataset("tiny-imagenet", "val")
     assert len(tiny_val) == 10000 and len(tiny_val.classes) == 200 and len(tiny_val.boxes) == 10000
+    b = np.concatenate(tiny_val.boxes + get_dataset("tiny-imagenet", "train").boxes)
+    # every box is usable by max_box_acc / boxes_to_mask: non-empty, exclusive ends within the 64 px image
+    # (the files hold degenerate one-pixel-high boxes such as 31 0 38 0, i.e. x 31..38, row 0)
+    assert (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all() and (b[:, :2] >= 0).all() and (b[:, 2:] <= 64).all()
     tiny_train = get_dataset("tiny-imagenet", "train")
     assert len(tiny_train) == 40000 and np.bincount(tiny_train.targets).tolist() == [200] * 200
     assert tiny_train.classes == tiny_val.classes
