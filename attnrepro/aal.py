@@ -5,7 +5,7 @@
 # %% ../nbs/12_aal.ipynb #a796b361
 from __future__ import annotations
 import math, re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -327,12 +327,20 @@ def aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[
                name: str = "aal") -> Method:
     "AAL as a `Method`: CE + lambda(epoch) * L_att through trainable `AttentionLinks`, plus `extra_terms`."
     lay = vit_map_layout(student)
-    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "aal_method")
+    return _links_method(student, teacher, teacher_blocks, lay["depth"], lay["heads"], lay["grid"],
+                         lambda maps: cls_attention_maps(maps, lay["grid"], lay["prefix_tokens"]), links, lam, gamma,
+                         gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std, ce_weight,
+                         extra_terms, name, "aal_method")
+
+def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads: int, grid: int, vit_maps: Callable,
+                  links, lam, gamma, gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std,
+                  ce_weight, extra_terms, name: str, who: str) -> Method:
+    "The AAL `Method` shared by ViT and PiT students: `vit_maps(captured CLS rows)` -> (B, link_layers*link_heads, grid, grid)."
+    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, who)
     names = _teacher_block_names(teacher, teacher_blocks)
     teacher.eval().requires_grad_(False)
-    img = tuple(student.patch_embed.img_size)
-    channels = cnn_block_channels(teacher, names, img)
-    link_mod = AttentionLinks(channels, lay["depth"], lay["heads"], links)
+    channels = cnn_block_channels(teacher, names, tuple(student.patch_embed.img_size))
+    link_mod = AttentionLinks(channels, link_layers, link_heads, links)
 
     def before_forward(ctx: StepContext) -> None:
         if teacher.training:
@@ -341,15 +349,15 @@ def aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[
             teacher.to(ctx.device)
         with torch.no_grad():
             xt = renormalize(ctx.x, student_mean, student_std, t_mean, t_std)
-            out, maps = teacher_block_maps(teacher, xt, names, lay["grid"])
+            out, maps = teacher_block_maps(teacher, xt, names, grid)
         ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
         ctx.cnn_maps = torch.cat(maps, dim=1)
 
     def forward(ctx: StepContext) -> None:
         with AttentionCapture(ctx.model, what="maps", cls_only=True) as cap:
             ctx.out = ctx.train_model(ctx.x)
-        ctx.vit_maps = cls_attention_maps(cap.maps, lay["grid"], lay["prefix_tokens"])
-        if isinstance(ctx.out, (tuple, list)):
+        ctx.vit_maps = vit_maps(cap.maps)
+        if isinstance(ctx.out, (tuple, list)):  # a distilled student in training mode: (cls, dist)
             if len(ctx.out) != 2:
                 raise ValueError(f"student returned {len(ctx.out)} outputs; expected logits or DeiT's (cls, dist)")
             ctx.logits, ctx.dist_logits = ctx.out
@@ -422,48 +430,10 @@ def pit_aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Seque
                    name: str = "pit_aal") -> Method:
     "AAL for a PiT student: all stages' CLS maps on the first-stage grid, linked (default: fully) to every CNN channel."
     lay = pit_map_layout(student)
-    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "pit_aal_method")
-    names = _teacher_block_names(teacher, teacher_blocks)
-    teacher.eval().requires_grad_(False)
-    channels = cnn_block_channels(teacher, names, tuple(student.patch_embed.img_size))
-    link_mod = AttentionLinks(channels, num_layers=lay["num_maps"], num_heads=1, links=links)
-    grid, prefix = lay["grid"], lay["prefix_tokens"]
-
-    def before_forward(ctx: StepContext) -> None:
-        if teacher.training:
-            raise RuntimeError("the AAL teacher was switched to train mode; it must stay in eval mode (frozen BN)")
-        if next(teacher.parameters()).device != ctx.device:
-            teacher.to(ctx.device)
-        with torch.no_grad():
-            out, maps = teacher_block_maps(teacher, renormalize(ctx.x, student_mean, student_std, t_mean, t_std), names, grid)
-        ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
-        ctx.cnn_maps = torch.cat(maps, 1)
-
-    def forward(ctx: StepContext) -> None:
-        with AttentionCapture(ctx.model, what="maps", cls_only=True) as cap:
-            ctx.out = ctx.train_model(ctx.x)
-        ctx.vit_maps = pit_cls_attention_maps(cap.maps, grid, prefix)
-        if isinstance(ctx.out, (tuple, list)):   # a distilled PiT in distilled training mode: (cls, dist)
-            if len(ctx.out) != 2:
-                raise ValueError(f"student returned {len(ctx.out)} outputs; expected logits or (cls, dist)")
-            ctx.logits, ctx.dist_logits = ctx.out
-        else:
-            ctx.logits, ctx.dist_logits = ctx.out, None
-
-    def aal_term(ctx: StepContext) -> torch.Tensor:
-        return aal_loss(ctx.modules["aal_links"](ctx.vit_maps), ctx.cnn_maps)
-
-    def on_epoch_end(ctx: StepContext) -> dict:
-        mag = link_magnitudes(ctx.modules["aal_links"])
-        ctx.state.setdefault("link_magnitudes", []).append(mag.tolist())
-        return {f"aal_link_b{b}_l{l}": float(mag[b, l]) for b in range(mag.shape[0]) for l in range(mag.shape[1])}
-
-    terms = [LossTerm("ce", ce_loss, ce_weight),
-             LossTerm("aal", aal_term, aal_lambda_schedule(epochs, lam, gamma, gamma_last_third)), *extra_terms]
-    method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, before_forward=before_forward,
-                    forward=forward, on_epoch_end=on_epoch_end)
-    method.teacher_blocks, method.block_channels = names, channels
-    return method
+    return _links_method(student, teacher, teacher_blocks, lay["num_maps"], 1, lay["grid"],
+                         lambda maps: pit_cls_attention_maps(maps, lay["grid"], lay["prefix_tokens"]), links, lam, gamma,
+                         gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std, ce_weight,
+                         extra_terms, name, "pit_aal_method")
 
 # %% ../nbs/12_aal.ipynb #5e051084
 def imagenet_class_index(classes: Sequence[str]) -> list[int]:
