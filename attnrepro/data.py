@@ -19,7 +19,8 @@ from .core import PACKAGE_DIR, cache_dir, project_root
 __all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'DATASETS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'AUGMENT_PRESETS',
            'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive', 'ArrayImageDataset',
            'FileImageDataset', 'Source', 'DatasetSpec', 'register_dataset', 'get_dataset', 'list_datasets',
-           'LabelledSubset', 'class_balanced_subset', 'eval_transform', 'train_transform', 'make_embedded_sample']
+           'LabelledSubset', 'class_balanced_subset', 'eval_transform', 'train_crop', 'rand_augment', 'train_transform',
+           'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -361,29 +362,36 @@ def eval_transform(img_size: int):
     return T.Compose([T.Resize(resize, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(img_size),
                       T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def _posterize_at_least_one_bit(level, hparams):
-    "timm's PosterizeIncreasing level (4 down to 0 bits kept), floored at 1 bit."
-    from timm.data.auto_augment import _posterize_increasing_level_to_arg
-    return (max(1, _posterize_increasing_level_to_arg(level, hparams)[0]),)
+def _at_least_one_bit(level_fn, level, hparams):
+    "A timm posterize level function floored at 1 bit kept (Pillow >= 12 refuses 0 bits)."
+    return (max(1, level_fn(level, hparams)[0]),)
+
+def train_crop(img_size: int) -> list:
+    "The training crop: padded random crop for small images (<= 64 px), random-resized crop above."
+    from torchvision import transforms as T
+    if img_size <= 64:
+        return [T.Resize(img_size), T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect")]
+    return [T.RandomResizedCrop(img_size, interpolation=T.InterpolationMode.BICUBIC)]
+
+def rand_augment(img_size: int, config: str = "rand-m9-mstd0.5-inc1"):
+    "timm RandAugment `config` (DeiT's by default) for `img_size` images; posterize never asks for 0 bits."
+    import functools
+    from timm.data.auto_augment import rand_augment_transform
+    ra = rand_augment_transform(config, dict(translate_const=int(img_size * 0.45),
+                                             img_mean=tuple(round(255 * m) for m in IMAGENET_MEAN)))
+    for op in ra.ops:  # e.g. magnitude 10 asks PosterizeIncreasing for 0 bits
+        if op.name.startswith("Posterize"): op.level_fn = functools.partial(_at_least_one_bit, op.level_fn)
+    return ra
 
 def train_transform(preset: str, img_size: int):
     "Per-image training augmentation of `preset` ('none', 'weak', 'strong') at `img_size`."
     from torchvision import transforms as T
     _check_preset(preset)
     if preset == "none": return eval_transform(img_size)
-    small = img_size <= 64
-    crop = ([T.Resize(img_size), T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect")] if small
-            else [T.RandomResizedCrop(img_size, interpolation=T.InterpolationMode.BICUBIC)])
-    if preset == "weak":
-        return T.Compose(crop + [T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-    from timm.data.auto_augment import rand_augment_transform
+    head, tail = train_crop(img_size) + [T.RandomHorizontalFlip()], [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
+    if preset == "weak": return T.Compose(head + tail)
     from timm.data.random_erasing import RandomErasing
-    ra = rand_augment_transform("rand-m9-mstd0.5-inc1",
-                                dict(translate_const=int(img_size * 0.45), img_mean=tuple(round(255 * m) for m in IMAGENET_MEAN)))
-    for op in ra.ops:  # magnitude 10 asks PosterizeIncreasing for 0 bits, which Pillow >= 12 rejects: keep >= 1 bit
-        if op.name == "PosterizeIncreasing": op.level_fn = _posterize_at_least_one_bit
-    return T.Compose(crop + [T.RandomHorizontalFlip(), ra, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD),
-                             RandomErasing(0.25, mode="pixel", device="cpu")])
+    return T.Compose(head + [rand_augment(img_size)] + tail + [RandomErasing(0.25, mode="pixel", device="cpu")])
 
 # %% ../nbs/01_data.ipynb #c90b2ff9
 def make_embedded_sample(src_root: Path | str, dest: Path | str = SAMPLE_DIR, n_classes: int = 10,

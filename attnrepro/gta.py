@@ -469,18 +469,7 @@ class ClassGroup(torch.utils.data.Dataset):
 def finetune_transform(img_size: int, randaugment: str | None = "rand-m9-mstd0.5-inc1"):
     "Fine-tuning augmentation: crop + flip (+ timm RandAugment `randaugment`), no random erasing, ImageNet norm."
     from torchvision import transforms as T
-    from timm.data.auto_augment import rand_augment_transform
-    from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
-    small = img_size <= 64
-    crop = ([T.Resize(img_size), T.RandomCrop(img_size, padding=img_size // 8, padding_mode="reflect")] if small
-            else [T.RandomResizedCrop(img_size, interpolation=T.InterpolationMode.BICUBIC)])
-    ra = []
-    if randaugment is not None:
-        # timm's Posterize / PosterizeIncreasing can ask for 0 bits, which Pillow >= 11 refuses; the
-        # "original" posterize keeps 4..8 bits (the ops list is otherwise timm's own for this string)
-        from timm.data import auto_augment as A
-        names = A._RAND_INCREASING_TRANSFORMS if "inc1" in randaugment else A._RAND_TRANSFORMS
-        names = ["PosterizeOriginal" if n.startswith("Posterize") else n for n in names]
-        ra = [rand_augment_transform(randaugment, dict(translate_const=int(img_size * 0.45),
-                                     img_mean=tuple(round(255 * m) for m in IMAGENET_MEAN)), transforms=names)]
-    return T.Compose(crop + [T.RandomHorizontalFlip(), *ra, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD, rand_augment, train_crop
+    ra = [rand_augment(img_size, randaugment)] if randaugment is not None else []
+    return T.Compose(train_crop(img_size) + [T.RandomHorizontalFlip(), *ra, T.ToTensor(),
+                                             T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
