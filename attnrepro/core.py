@@ -11,7 +11,7 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['PACKAGE_DIR', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_torch_save', 'git_commit', 'package_versions', 'seed_everything']
+           'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -94,7 +94,8 @@ def atomic_torch_save(obj, path: Path | str) -> Path:
 
 # %% ../nbs/00_core.ipynb #d6bc4ab8
 def git_commit(root: Path | str | None = None) -> str:
-    "HEAD commit of the project, with `-dirty` when tracked files differ from it; `unknown` outside git."
+    """HEAD commit of the project, with `-dirty` when tracked files differ from it. Outside git (a copy of the tree
+    sent to a GPU machine) it is `$ATTNREPRO_GIT_COMMIT` when set, else `unknown`."""
     root = Path(root) if root else project_root()
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
@@ -103,7 +104,16 @@ def git_commit(root: Path | str | None = None) -> str:
                                capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return "unknown"
+        return os.environ.get("ATTNREPRO_GIT_COMMIT") or "unknown"
+
+def run_host() -> dict:
+    "Where runs train: device kind and name, torch version and CPU threads (kept with every cached run)."
+    import torch
+    if torch.cuda.is_available():
+        device, name = "cuda", torch.cuda.get_device_name()
+    else:
+        device, name = "cpu", platform.processor() or platform.machine()
+    return dict(device=device, device_name=name, torch=torch.__version__, cpu_threads=torch.get_num_threads())
 
 def package_versions() -> dict:
     "Versions of the packages whose behaviour affects results."

@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
-                            git_commit, project_root)
+                            git_commit, project_root, run_host)
 
 # %% auto #0
 __all__ = ['PROFILES', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported', 'side_by_side', 'PaperRun']
@@ -111,11 +111,11 @@ class PaperRun:
             t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
             result = fn(config, self.ckpt_dir(h))
             rec = dict(hash=h, name=name, paper=self.paper, profile=self.profile, config=json.loads(canonical_json(config)),
-                       result=result, wall_time_s=round(time.time() - t0, 3), git_commit=commit,
+                       result=result, wall_time_s=round(time.time() - t0, 3), git_commit=commit, host=run_host(),
                        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             atomic_write_json(path, rec)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
-                        "wall_time_s": rec["wall_time_s"]}
+                        "wall_time_s": rec["wall_time_s"], "device": rec.get("host", {}).get("device_name")}
         return rec["result"]
 
     def table(self, df: pd.DataFrame, table_id: str, caption: str = "") -> pd.DataFrame:
