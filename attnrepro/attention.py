@@ -18,7 +18,7 @@ from timm.models.pit import PoolingVisionTransformer
 
 # %% auto #0
 __all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
-           'AttentionCapture', 'attention_logits', 'attention_maps', 'AttentionOverride']
+           'AttentionCapture', 'on_model_device', 'attention_logits', 'attention_maps', 'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
 SUPPORTED_ATTENTION = (Attention, GPSA, MHSA)
@@ -262,18 +262,23 @@ class AttentionCapture:
         self._keep(i, maps=m[:, :, 0] if self.cls_only else m)
 
 # %% ../nbs/02_attention.ipynb #96bacde0
+def on_model_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    "`x` on the device of `model`'s parameters (a trained model may sit on the GPU while inputs come from a CPU loader)."
+    p = next(model.parameters(), None)
+    return x if p is None or x.device == p.device else x.to(p.device)
+
 def attention_logits(model: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
                      cls_only: bool = False) -> list[torch.Tensor]:
     "One forward of `model` on `x`; pre-softmax logits (B,H,N,N) per block of `layers` (in that order), with gradients."
     with AttentionCapture(model, layers, what=("logits",), cls_only=cls_only) as cap:
-        model(x)
+        model(on_model_device(model, x))
     return cap.logits
 
 def attention_maps(model: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
                    cls_only: bool = False) -> list[torch.Tensor]:
     "One forward of `model` on `x`; pre-dropout softmax maps (B,H,N,N) per block of `layers` (in that order), with gradients."
     with AttentionCapture(model, layers, what=("maps",), cls_only=cls_only) as cap:
-        model(x)
+        model(on_model_device(model, x))
     return cap.maps
 
 # %% ../nbs/02_attention.ipynb #56300c95
