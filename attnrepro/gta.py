@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import DropPath
 
-from .attention import AttentionCapture, _resolve_layers, attention_blocks
+from .attention import AttentionCapture, _resolve_layers, attention_blocks, on_model_device
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss
@@ -402,7 +402,7 @@ def cls_attention(model: nn.Module, x: torch.Tensor, layer: int = -1, head_reduc
     model.eval()
     try:
         with FeatureTap(model, {"attn_logits": [layer]}) as tap:
-            model(x)
+            model(on_model_device(model, x))   # CPU images for a model left on the GPU by `fit`
     finally:
         model.train(was)
     npre = int(getattr(model, "num_prefix_tokens", 1))

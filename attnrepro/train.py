@@ -376,9 +376,12 @@ def topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: Sequence[int] = (1, 
     return [int(hit[:, :min(k, kmax)].any(1).sum()) for k in ks]
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device | str = "cpu", amp: bool = False,
+def evaluate(model: nn.Module, loader, device: torch.device | str | None = None, amp: bool = False,
              distributed: bool = False) -> dict:
     "`{acc1, acc5, loss, n}` of `model` on `loader` (percentages; sums all-reduced when `distributed`)."
+    if device is None:  # batches go where the model is (`fit` leaves a trained model on the GPU)
+        p = next(model.parameters(), None)
+        device = p.device if p is not None else "cpu"
     device = torch.device(device)
     was_training = model.training
     model.eval()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks
+from .attention import AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks, on_model_device
 from .bench import forward_until
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_loss, feature_mse_loss
@@ -58,6 +58,13 @@ def _vit(model: nn.Module, who: str) -> VisionTransformer:
     if not isinstance(m, VisionTransformer):
         raise TypeError(f"{who}: expected a timm VisionTransformer, got {type(m).__name__}")
     return m
+
+def _follow(teacher: nn.Module, student: nn.Module) -> nn.Module:
+    "Move the frozen `teacher` to `student`'s device if it is elsewhere (`fit` moves only the model and extra modules)."
+    ps, pt = next(student.parameters(), None), next(teacher.parameters(), None)
+    if ps is not None and pt is not None and pt.device != ps.device:
+        teacher.to(ps.device)
+    return teacher
 
 def has_drop_path(model: nn.Module) -> bool:
     "True when `model` (a timm ViT) is in training mode and has stochastic depth (some `DropPath` with p > 0)."
@@ -154,7 +161,8 @@ class CopyModel(nn.Module):
 
     def teacher_tensors(self, x: torch.Tensor) -> list[torch.Tensor]:
         what = "logits" if self.source == "maps" else self.source
-        t = teacher_forward(self.teacher, x, self.layers, (what,),
+        # the teacher may be shared with (and moved by) other runs: it follows the student
+        t = teacher_forward(_follow(self.teacher, self.student), x, self.layers, (what,),
                             student=self.student if self.shared_drop_path else None)
         return t[what]
 
@@ -227,7 +235,8 @@ class TeacherDistillMethod(Method):
         layers = sorted({i for _, ls in att.values() for i in ls})
         what = tuple(sorted({w for w, _ in att.values()}))
         blocks = sorted({i for ls in feat.values() for i in ls})
-        t = teacher_forward(self.teacher, ctx.x, layers or None, what if layers else (), blocks,
+        # the teacher is not an extra module (never optimised or checkpointed), so `fit` does not move it
+        t = teacher_forward(_follow(self.teacher, student), ctx.x, layers or None, what if layers else (), blocks,
                             student=student if self.shared_drop_path else None)
         cap = AttentionCapture(student, layers, what=what) if layers else contextlib.nullcontext()
         with cap, _BlockOutputs(student, blocks) as bo:
@@ -336,7 +345,7 @@ def block_features(model: nn.Module, x: torch.Tensor, pool: str = "tokens") -> l
     inner = _student_of(model)
     depth = len(_vit(inner, "block_features").blocks)
     with _BlockOutputs(inner, range(depth)) as bo:
-        model(x)
+        model(on_model_device(inner, x))
     return [o.reshape(-1, o.shape[-1]) if pool == "tokens" else o.mean(1) if pool == "mean" else o[:, 0] for o in bo.get()]
 
 @torch.no_grad()
@@ -362,6 +371,7 @@ def effective_attention_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Te
     "The (B,H,N,N) attention maps each block of the student applies (copy-aware, see above)."
     inner = _student_of(model)
     depth = len(attention_blocks(inner))
+    x = on_model_device(inner, x)   # e.g. CPU images for a model trained (and left) on the GPU
     with AttentionCapture(inner, what=("q", "k", "maps")) as cap:
         model(x)
     maps = list(cap.maps)
@@ -378,7 +388,7 @@ def effective_attention_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Te
         else: given = ((cap.q[i] * attn.scale) @ t[i].transpose(-2, -1)).softmax(-1)
         if model.heads is None: maps[i] = given
         else:
-            sel = torch.zeros(given.shape[1], dtype=torch.bool); sel[model.heads] = True
+            sel = torch.zeros(given.shape[1], dtype=torch.bool, device=given.device); sel[model.heads] = True
             maps[i] = torch.where(sel.view(1, -1, 1, 1), given, maps[i])
     return maps
 

@@ -160,3 +160,10 @@ def test_feature_tap_cleans_up_on_error(source):
             raise KeyError("boom")
     assert not t.blocks[0]._forward_hooks and not t.head._forward_pre_hooks
     assert not t.blocks[0].attn.k_norm._forward_hooks and not t.blocks[0].attn._forward_pre_hooks
+
+
+def test_cls_attention_moves_inputs_to_the_models_device(source):
+    # 'meta' stands in for a GPU (a meta model fed CPU tensors raises like a CUDA one): CPU images are moved
+    m = frozen_copy(source).to("meta")
+    a = cls_attention(m, torch.randn(2, 3, 32, 32), head_reduce="mean")
+    assert a.device.type == "meta" and a.shape == (2, 4, 4)

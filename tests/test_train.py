@@ -91,6 +91,26 @@ def test_topk_and_evaluate():
     assert math.isclose(m["loss"], F.cross_entropy(logits, y).item(), rel_tol=1e-6)
 
 
+def test_evaluate_sends_batches_to_the_models_device(monkeypatch):
+    # 'meta' stands in for a GPU: by default the batches go where the model's parameters are
+    # (torch.autocast refuses device_type 'meta' even when disabled; amp is off here, so stub it out)
+    import contextlib
+    monkeypatch.setattr(torch, "autocast", lambda *a, **k: contextlib.nullcontext())
+    class _Stop(Exception): pass
+    class Probe(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.zeros(1, device="meta"))
+            self.seen = []
+        def forward(self, x):
+            self.seen.append(x.device.type)
+            raise _Stop
+    model = Probe()
+    with pytest.raises(_Stop):
+        evaluate(model, DataLoader(TensorDataset(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), batch_size=2))
+    assert model.seen == ["meta"]
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(optimizer="adam"), "valid: adamw, sgd, lars"),
     (dict(epochs=0), "epochs"),

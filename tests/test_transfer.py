@@ -195,3 +195,28 @@ def test_every_method_fits_and_ensembles():
     assert not torch.allclose(fc[0], block_features(t, x)[0]) and not torch.allclose(fc[0], block_features(cm.student, x)[0])
     with pytest.raises(ValueError, match="tokens"):
         block_features(t, x, "max")
+
+
+# 'meta' stands in for a GPU below: a meta model fed CPU tensors raises exactly like a CUDA model fed CPU tensors,
+# so passing CPU inputs shows that a helper moves them to the model's device (outputs then stay on 'meta').
+
+def test_analysis_helpers_move_inputs_to_the_models_device(x):
+    t, s = _models()
+    cm = CopyModel(s.to("meta"), t, heads=[0], source="maps").eval()   # teacher left on the CPU
+    maps = effective_attention_maps(cm, x)                             # CPU images, as from a dataset
+    assert next(t.parameters()).device.type == "meta"                  # the teacher followed its student
+    assert [m.device.type for m in maps] == ["meta"] * 3 and maps[0].shape == (4, 2, 17, 17)
+    f = block_features(cm, x, "cls")
+    assert [b.device.type for b in f] == ["meta"] * 3 and f[0].shape == (4, 32)
+
+
+def test_distill_teacher_follows_the_student(x):
+    # fit moves the student (and extra modules) only; the frozen teacher must follow it
+    t, s = _models()
+    s = s.to("meta").train()
+    m = TeacherDistillMethod(t, [Distill("attn", (0,)), Distill("feature")])
+    ctx = StepContext(model=s, train_model=s, x=x.to("meta"))
+    m.forward(ctx)
+    assert next(t.parameters()).device.type == "meta"
+    assert ctx.distill_teacher["attn_distill"][0].shape == (4, 2, 17, 17)
+    assert all(v[0].device.type == "meta" for v in ctx.distill_teacher.values())
