@@ -122,8 +122,8 @@ def test_ctrl_c_then_rerun_reuses_finished_runs(project):
     exe = Path(sys.executable).parent / "attnrepro"
     counter = str(project / "calls.txt")
     args = [str(exe), "reproduce", "--paper", "demo", "--profile", "mini", "--param", f"counter_file={counter}"]
-    # the child gets the default SIGINT disposition: an ignored SIGINT is inherited across exec, and code run
-    # earlier in this pytest process may leave it ignored (the interrupt was then lost in full-suite CI runs)
+    # the child gets the default SIGINT disposition: an ignored SIGINT is inherited across exec, and pytest itself
+    # runs with SIGINT ignored when started as a background job (`.ci/run &`: the interrupt was then lost)
     proc = subprocess.Popen(args + ["--param", "sleep_in_second_run=60"], cwd=project, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
