@@ -4,14 +4,15 @@
 
 # %% ../nbs/00_core.ipynb #b5e98d0b
 from __future__ import annotations
-import dataclasses, hashlib, json, os, platform, random, subprocess, sys, tempfile, time
+import contextlib, dataclasses, hashlib, json, os, platform, random, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import numpy as np
 
 # %% auto #0
 __all__ = ['PACKAGE_DIR', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'package_versions', 'seed_everything']
+           'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'resumed_time', 'note_resumed',
+           'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -114,6 +115,22 @@ def run_host() -> dict:
     else:
         device, name = "cpu", platform.processor() or platform.machine()
     return dict(device=device, device_name=name, torch=torch.__version__, cpu_threads=torch.get_num_threads())
+
+_RESUME_LEDGERS: list[list[float]] = []
+
+@contextlib.contextmanager
+def resumed_time():
+    """Collect, in the yielded list, the seconds that earlier processes had spent on runs resumed from a checkpoint
+    inside the block (each resuming trainer calls `note_resumed`), so that a run's recorded wall time can count the
+    sessions before the one that finished it. Work lost after an earlier process's last checkpoint is not counted."""
+    ledger: list[float] = []
+    _RESUME_LEDGERS.append(ledger)
+    try: yield ledger
+    finally: _RESUME_LEDGERS.remove(ledger)
+
+def note_resumed(seconds: float) -> None:
+    "A trainer resumed a checkpoint holding `seconds` of earlier wall time: tell every open `resumed_time` block."
+    for ledger in _RESUME_LEDGERS: ledger.append(float(seconds))
 
 def package_versions() -> dict:
     "Versions of the packages whose behaviour affects results."

@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
-                            git_commit, project_root, run_host)
+                            git_commit, project_root, resumed_time, run_host)
 
 # %% auto #0
 __all__ = ['PROFILES', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported', 'side_by_side', 'PaperRun']
@@ -109,10 +109,12 @@ class PaperRun:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
         else:
             t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
-            result = fn(config, self.ckpt_dir(h))
+            with resumed_time() as earlier: result = fn(config, self.ckpt_dir(h))
+            # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
             rec = dict(hash=h, name=name, paper=self.paper, profile=self.profile, config=json.loads(canonical_json(config)),
-                       result=result, wall_time_s=round(time.time() - t0, 3), git_commit=commit, host=run_host(),
-                       finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                       result=result, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
+                       host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+            if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
             atomic_write_json(path, rec)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
                         "wall_time_s": rec["wall_time_s"], "device": rec.get("host", {}).get("device_name")}

@@ -21,7 +21,7 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
-from .core import atomic_torch_save, canonical_json, config_hash, seed_everything
+from .core import atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
 
 # %% auto #0
 __all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
@@ -656,6 +656,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             set_rng_state(ck["rng"][rank], gen, mixup)
             start, run.step, history, best, wall = ck["epoch"], ck["step"], ck["history"], ck["best"], ck["wall_time_s"]
             resumed_from = start
+            note_resumed(wall)   # a PaperRun around this fit adds the earlier sessions' time to the run's wall time
         if world > 1:
             run.train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None,
