@@ -345,8 +345,6 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
     def before_forward(ctx: StepContext) -> None:
         if teacher.training:
             raise RuntimeError("the AAL teacher was switched to train mode; it must stay in eval mode (frozen BN)")
-        if next(teacher.parameters()).device != ctx.device:
-            teacher.to(ctx.device)
         with torch.no_grad():
             xt = renormalize(ctx.x, student_mean, student_std, t_mean, t_std)
             out, maps = teacher_block_maps(teacher, xt, names, grid)
@@ -374,8 +372,8 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
 
     terms = [LossTerm("ce", ce_loss, ce_weight),
              LossTerm("aal", aal_term, aal_lambda_schedule(epochs, lam, gamma, gamma_last_third)), *extra_terms]
-    method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, before_forward=before_forward,
-                    forward=forward, on_epoch_end=on_epoch_end)
+    method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, frozen_modules={"teacher": teacher},
+                    before_forward=before_forward, forward=forward, on_epoch_end=on_epoch_end)
     method.teacher_blocks, method.block_channels = names, channels
     return method
 
@@ -477,8 +475,6 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
     teacher.eval().requires_grad_(False)
 
     def before_forward(ctx: StepContext) -> None:
-        if next(teacher.parameters()).device != ctx.device:
-            teacher.to(ctx.device)
         with torch.no_grad():
             ctx.teacher_logits = teacher(renormalize(ctx.x, student_mean, student_std, t_mean, t_std)).float()
 
@@ -490,4 +486,4 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
         ctx.logits, ctx.dist_logits = ctx.out
 
     return Method([LossTerm("ce", ce_loss, ce_weight), dist_term], name=name or f"deit_{kind}",
-                  before_forward=before_forward, forward=forward)
+                  frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward)

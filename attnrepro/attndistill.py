@@ -246,7 +246,6 @@ def attndistill_method(teacher: nn.Module, student: nn.Module, proj_layers: int 
 
     def before_forward(ctx: StepContext) -> None:
         if teacher.training: raise RuntimeError("the AttnDistill teacher was switched to train mode; keep it in eval")
-        if next(teacher.parameters()).device != ctx.device: teacher.to(ctx.device)
         ctx.teacher = teacher_targets(teacher, ctx.x, t_layers or [dt["depth"] - 1], with_v=value_weight)
         ctx.teacher["maps"] = dict(zip(t_layers, ctx.teacher["maps"]))
         if value_weight: ctx.teacher["v"] = dict(zip(t_layers, ctx.teacher["v"]))
@@ -296,7 +295,8 @@ def attndistill_method(teacher: nn.Module, student: nn.Module, proj_layers: int 
                                                  ("compress", compress_term, compress_weight)) if w]
     # the student's final norm (and head) never get a gradient: DDP must be told to expect unused parameters
     method = Method([*terms, *extra_terms], name=name, extra_modules=modules, find_unused_parameters=True,
-                    before_forward=before_forward, forward=forward, after_step=after_step)
+                    frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward,
+                    after_step=after_step)
     method.layer_pairs = pairs
     return method
 

@@ -273,7 +273,7 @@ class TransferMethod(Method):
                  train_overrides: Mapping | None = None):
         _vit(target, "TransferMethod")
         terms = [LossTerm("ce", ce_loss, ce_weight), *terms]
-        super().__init__(terms, name=name)
+        super().__init__(terms, name=name, frozen_modules={"source": source} if source is not None else None)
         depth = len(target.blocks)
         self.source = source
         self.needs: dict[str, set] = {}
@@ -316,8 +316,6 @@ class TransferMethod(Method):
         if self.source_needs:
             if self.source.training:
                 raise RuntimeError("the GTA source was switched to train mode; it must stay frozen in eval mode")
-            if next(self.source.parameters()).device != ctx.device:
-                self.source.to(ctx.device)
             with torch.no_grad(), FeatureTap(self.source, {f: sorted(l) for f, l in self.source_needs.items()}) as tap:
                 self.source(ctx.x)
             ctx.source_feats = tap.out

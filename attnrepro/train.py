@@ -85,7 +85,8 @@ _HOOKS = ("before_forward", "forward", "backward", "after_backward", "after_step
 
 class Method:
     """Loss terms + optional hooks + jointly trained `extra_modules` (their params join the optimiser and
-    their state the checkpoint). Hooks: `before_forward(ctx)`, `forward(ctx)` (sets `ctx.out`/`ctx.logits`),
+    their state the checkpoint) + `frozen_modules` the hooks only read (teachers, sources: `fit` moves them to the
+    training device with the model; never optimised or checkpointed). Hooks: `before_forward(ctx)`, `forward(ctx)` (sets `ctx.out`/`ctx.logits`),
     `backward(ctx)` (default `ctx.loss.backward()`; override for gradient surgery), `after_backward(ctx)`
     (after gradients are synchronised, before clipping), `after_step(ctx)` (after the optimiser step),
     `on_epoch_end(ctx) -> dict | None` (floats merged into that epoch's history row)."""
@@ -93,10 +94,11 @@ class Method:
 
     def __init__(self, terms: Sequence[LossTerm] | None = None, name: str | None = None,
                  extra_modules: Mapping[str, nn.Module] | None = None, find_unused_parameters: bool = False,
-                 **hooks: Callable):
+                 frozen_modules: Mapping[str, nn.Module] | None = None, **hooks: Callable):
         self.terms = list(terms) if terms is not None else [ce_term()]
         if name is not None: self.name = name
         self.extra_modules = dict(extra_modules or {})
+        self.frozen_modules = dict(frozen_modules or {})
         self.find_unused_parameters = find_unused_parameters  # passed to DistributedDataParallel
         self.state: dict = {}  # persistent hook state, saved in checkpoints (keep it tensors/numbers/lists/dicts)
         for k, fn in hooks.items():
@@ -115,6 +117,8 @@ class Method:
         for k, m in self.extra_modules.items():
             if not isinstance(m, nn.Module): raise TypeError(f"Method {self.name!r}: extra module {k!r} is not an nn.Module")
             if not k.isidentifier(): raise ValueError(f"Method {self.name!r}: extra module name {k!r} must be an identifier")
+        for k, m in self.frozen_modules.items():
+            if not isinstance(m, nn.Module): raise TypeError(f"Method {self.name!r}: frozen module {k!r} is not an nn.Module")
 
     def has_custom_backward(self) -> bool:
         return "backward" in self.__dict__ or type(self).backward is not Method.backward
@@ -610,7 +614,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
         device = _resolve_device(device)
         seed_everything(cfg.seed + rank)
         model.to(device)
-        for m in method.extra_modules.values(): m.to(device)
+        for m in [*method.extra_modules.values(), *method.frozen_modules.values()]: m.to(device)
         if world > 1:  # DDP syncs the model at wrap time; extra modules must start equal too
             for m in method.extra_modules.values():
                 for t in [*m.parameters(), *m.buffers()]: dist.broadcast(t.data, src=0)

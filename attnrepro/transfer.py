@@ -214,7 +214,7 @@ class TeacherDistillMethod(Method):
             LossTerm(d.name, (lambda ctx, d=d: _distill_loss(d.kind, ctx.distill_student[d.name],
                                                              ctx.distill_teacher[d.name])), d.weight)
             for d in distill]
-        super().__init__(terms, name=name or "+".join(names))
+        super().__init__(terms, name=name or "+".join(names), frozen_modules={"teacher": self.teacher})
         self._resolved = None
 
     def _resolve(self, student: nn.Module) -> dict[str, list[int]]:
@@ -235,8 +235,7 @@ class TeacherDistillMethod(Method):
         layers = sorted({i for _, ls in att.values() for i in ls})
         what = tuple(sorted({w for w, _ in att.values()}))
         blocks = sorted({i for ls in feat.values() for i in ls})
-        # the teacher is not an extra module (never optimised or checkpointed), so `fit` does not move it
-        t = teacher_forward(_follow(self.teacher, student), ctx.x, layers or None, what if layers else (), blocks,
+        t = teacher_forward(self.teacher, ctx.x, layers or None, what if layers else (), blocks,
                             student=student if self.shared_drop_path else None)
         cap = AttentionCapture(student, layers, what=what) if layers else contextlib.nullcontext()
         with cap, _BlockOutputs(student, blocks) as bo:

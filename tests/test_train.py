@@ -283,6 +283,25 @@ def test_extra_module_trained_and_checkpointed(tmp_path):
     assert len(ck["optimizer"]["state"]) == sum(1 for _ in tiny_vit().parameters()) + 2  # adam state for all
 
 
+def test_frozen_module_moved_with_the_model_never_optimised_nor_checkpointed(tmp_path):
+    class Teacher(nn.Linear):   # records where fit sends it (a GPU run sends it to the student's device)
+        def to(self, *a, **k):
+            self.sent_to = a
+            return super().to(*a, **k)
+    teacher = Teacher(3 * 16 * 16, 4).requires_grad_(False)
+    w0 = teacher.weight.detach().clone()
+    def before_forward(ctx):
+        with torch.no_grad(): ctx.teacher_logits = teacher(ctx.x.flatten(1))
+    kd = LossTerm("kd", lambda ctx: F.mse_loss(ctx.logits, ctx.teacher_logits))
+    m = Method([ce_term(), kd], name="kd", frozen_modules={"teacher": teacher}, before_forward=before_forward)
+    res = fit(tiny_vit(), toy_data(32), None, TrainConfig(**FAST), method=m, ckpt_dir=tmp_path, progress=False,
+              device="cpu")
+    assert teacher.sent_to == (torch.device("cpu"),) and torch.equal(teacher.weight, w0)
+    assert res["n_params_extra"] == 0 and load_checkpoint(tmp_path / CKPT_NAME)["extra"] == {}
+    with pytest.raises(TypeError, match="frozen module 'teacher' is not an nn.Module"):
+        Method(frozen_modules={"teacher": lambda x: x})
+
+
 def test_shared_params_optimised_once():
     model = tiny_vit()
     agent = nn.Sequential(model.patch_embed.proj, nn.Flatten(), nn.LazyLinear(4))  # shares the patch conv
