@@ -18,7 +18,8 @@ from timm.models.pit import PoolingVisionTransformer
 
 # %% auto #0
 __all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
-           'AttentionCapture', 'on_model_device', 'attention_logits', 'attention_maps', 'AttentionOverride']
+           'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps',
+           'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
 SUPPORTED_ATTENTION = (Attention, GPSA, MHSA)
@@ -262,10 +263,15 @@ class AttentionCapture:
         self._keep(i, maps=m[:, :, 0] if self.cls_only else m)
 
 # %% ../nbs/02_attention.ipynb #96bacde0
+def model_device(model: nn.Module) -> torch.device:
+    "The device of `model`'s parameters (the CPU for a model without any): where its inputs must go."
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
 def on_model_device(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     "`x` on the device of `model`'s parameters (a trained model may sit on the GPU while inputs come from a CPU loader)."
-    p = next(model.parameters(), None)
-    return x if p is None or x.device == p.device else x.to(p.device)
+    d = model_device(model)
+    return x if x.device == d else x.to(d)
 
 def attention_logits(model: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
                      cls_only: bool = False) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.layers import DropPath
 
-from .attention import AttentionCapture, _resolve_layers, attention_blocks, on_model_device
+from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss
@@ -418,12 +418,13 @@ def to_pixels(maps: torch.Tensor, img_size: tuple[int, int]) -> torch.Tensor:
 
 @torch.no_grad()
 def attention_jaccard(model: nn.Module, data, keep_mass: float = 0.6, layer: int = -1, head_reduce: str = "max",
-                      batch_size: int = 64, device: str | torch.device = "cpu") -> dict:
-    "Mean Jaccard of the `keep_mass` CLS-attention masks with the union of each image's boxes (`data.boxes`)."
+                      batch_size: int = 64, device: str | torch.device | None = None) -> dict:
+    "Mean Jaccard of the `keep_mass` CLS-attention masks with the union of each image's boxes (`data.boxes`), on `device` (default: the model's)."
     boxes = getattr(data, "boxes", None)
     if boxes is None:
         raise ValueError("attention_jaccard: the dataset has no `boxes` (use the Tiny-ImageNet val split or a "
                          "subset of it)")
+    device = model_device(model) if device is None else torch.device(device)
     model.to(device)
     scores = []
     loader = torch.utils.data.DataLoader(data, batch_size=batch_size, shuffle=False)

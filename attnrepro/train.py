@@ -21,6 +21,7 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
+from .attention import model_device
 from .core import atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
 
 # %% auto #0
@@ -383,10 +384,8 @@ def topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: Sequence[int] = (1, 
 def evaluate(model: nn.Module, loader, device: torch.device | str | None = None, amp: bool = False,
              distributed: bool = False) -> dict:
     "`{acc1, acc5, loss, n}` of `model` on `loader` (percentages; sums all-reduced when `distributed`)."
-    if device is None:  # batches go where the model is (`fit` leaves a trained model on the GPU)
-        p = next(model.parameters(), None)
-        device = p.device if p is not None else "cpu"
-    device = torch.device(device)
+    # by default batches go where the model is (`fit` leaves a trained model on the GPU)
+    device = model_device(model) if device is None else torch.device(device)
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss*n, n

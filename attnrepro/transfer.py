@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks, on_model_device
+from .attention import (AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks,
+                                 model_device, on_model_device)
 from .bench import forward_until
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_loss, feature_mse_loss
@@ -316,8 +317,9 @@ def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, sha
 
 # %% ../nbs/14_transfer.ipynb #721ec894
 @torch.no_grad()
-def predict_logits(model: nn.Module, loader, device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    "Logits (n, C) and labels (n,) of `model` in eval mode over `loader` (batches of (x, y, ...))."
+def predict_logits(model: nn.Module, loader, device: str | torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Logits (n, C) and labels (n,) of `model` in eval mode over `loader` (batches of (x, y, ...)), on `device` (default: the model's)."
+    device = model_device(model) if device is None else torch.device(device)
     was = model.training
     model.eval().to(device)
     outs, ys = [], []
@@ -349,8 +351,10 @@ def block_features(model: nn.Module, x: torch.Tensor, pool: str = "tokens") -> l
 
 @torch.no_grad()
 def layer_cka(model_a: nn.Module, model_b: nn.Module, loader, max_images: int = 256, pool: str = "tokens",
-              device: str | torch.device = "cpu") -> list[float]:
-    "Linear CKA between the block outputs (`pool`, see `block_features`) of two models, block by block, over `max_images`."
+              device: str | torch.device | None = None) -> list[float]:
+    """Linear CKA between the block outputs (`pool`, see `block_features`) of two models, block by block, over
+    `max_images`, computed on `device` (default: `model_a`'s)."""
+    device = model_device(model_a) if device is None else torch.device(device)
     fa, fb, n = None, None, 0
     for m in (model_a, model_b): m.eval().to(device)
     for batch in loader:
