@@ -87,7 +87,8 @@ _HOOKS = ("before_forward", "forward", "backward", "after_backward", "after_step
 class Method:
     """Loss terms + optional hooks + jointly trained `extra_modules` (their params join the optimiser and
     their state the checkpoint) + `frozen_modules` the hooks only read (teachers, sources: `fit` moves them to the
-    training device with the model; never optimised or checkpointed). Hooks: `before_forward(ctx)`, `forward(ctx)` (sets `ctx.out`/`ctx.logits`),
+    training device with the model; never optimised or checkpointed).
+    Hooks: `before_forward(ctx)`, `forward(ctx)` (sets `ctx.out`/`ctx.logits`),
     `backward(ctx)` (default `ctx.loss.backward()`; override for gradient surgery), `after_backward(ctx)`
     (after gradients are synchronised, before clipping), `after_step(ctx)` (after the optimiser step),
     `on_epoch_end(ctx) -> dict | None` (floats merged into that epoch's history row)."""

@@ -318,7 +318,8 @@ def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, sha
 # %% ../nbs/14_transfer.ipynb #721ec894
 @torch.no_grad()
 def predict_logits(model: nn.Module, loader, device: str | torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    "Logits (n, C) and labels (n,) of `model` in eval mode over `loader` (batches of (x, y, ...)), on `device` (default: the model's)."
+    """Logits (n, C) and labels (n,) of `model` in eval mode over `loader` (batches of (x, y, ...)), computed on
+    `device` (default: the model's)."""
     device = model_device(model) if device is None else torch.device(device)
     was = model.training
     model.eval().to(device)
