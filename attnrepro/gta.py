@@ -197,6 +197,9 @@ def l2sp_terms(model: nn.Module, alpha: float = 0.1, beta: float = 0.01, head_pr
     cache = {}
     def pen(ctx: StepContext) -> tuple:
         if cache.get("step") != (id(ctx), ctx.step):   # both terms share one pass over the parameters
+            device = next(ctx.model.parameters()).device
+            if cache.get("device") != device:   # move the starting point with the model once, not every step
+                start.update({n: w.to(device) for n, w in start.items()}); cache["device"] = device
             cache.update(step=(id(ctx), ctx.step), value=l2sp_penalties(ctx.model, start, head_prefix))
         return cache["value"]
     return [TapTerm("l2sp_backbone", lambda ctx: pen(ctx)[0], alpha),

@@ -139,7 +139,8 @@ class Method:
     def load_state_dict(self, state: dict) -> None: self.state = dict(state)
 
     def __repr__(self):
-        return f"Method({self.name!r}, terms={[t.name for t in self.terms]}, extra_modules={list(self.extra_modules)})"
+        return (f"Method({self.name!r}, terms={[t.name for t in self.terms]}, extra_modules={list(self.extra_modules)}, "
+                f"frozen_modules={list(self.frozen_modules)})")
 
 # %% ../nbs/06_train.ipynb #eb6d8f66
 def project_conflicting(g_a: torch.Tensor, g_b: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
