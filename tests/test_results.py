@@ -12,7 +12,7 @@ DONE = [p for p in known_papers() if (output_dir(p, "mini") / "manifest.json").e
 
 
 def test_some_mini_results_are_committed():
-    assert {"aal", "gta", "teachers", "attndistill", "bootstrapping_vit"} <= set(DONE)
+    assert {"aal", "gta", "teachers", "attndistill", "bootstrapping_vit", "attention_transfer"} <= set(DONE)
 
 
 @pytest.mark.parametrize("paper", DONE)
