@@ -197,7 +197,7 @@ def l2sp_terms(model: nn.Module, alpha: float = 0.1, beta: float = 0.01, head_pr
     cache = {}
     def pen(ctx: StepContext) -> tuple:
         if cache.get("step") != (id(ctx), ctx.step):   # both terms share one pass over the parameters
-            device = next(ctx.model.parameters()).device
+            device = model_device(ctx.model)
             if cache.get("device") != device:   # move the starting point with the model once, not every step
                 start.update({n: w.to(device) for n, w in start.items()}); cache["device"] = device
             cache.update(step=(id(ctx), ctx.step), value=l2sp_penalties(ctx.model, start, head_prefix))
