@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_report.ipynb #05828de6
 from __future__ import annotations
-import json, time
+import json, os, time
 from pathlib import Path
 
 import pandas as pd
@@ -151,13 +151,18 @@ class PaperRun:
         return cache_dir("checkpoints", self.paper, self.profile, h)
 
     def run(self, config, fn, name: str | None = None) -> dict:
-        "The cached result of `fn(config, ckpt_dir)`, training only if `runs/<hash>.json` is missing or `force`."
+        """The cached result of `fn(config, ckpt_dir)`, training only if `runs/<hash>.json` is missing or `force`.
+        With the environment variable `ATTNREPRO_CACHED_ONLY=1` a missing result raises instead of training (to
+        re-evaluate committed results without risking hours of training)."""
         h = config_hash(config)
         path = self.runs_dir / f"{h}.json"
         if path.exists() and (not self.force or h in self.used):  # with force, retrain once per execution
             try: rec = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
+        elif os.environ.get("ATTNREPRO_CACHED_ONLY") == "1":
+            raise RuntimeError(f"run {name or h!r} (config {h}) has no cached result in {self.runs_dir} and "
+                               "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")
         else:
             t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
             with resumed_time() as earlier: result = fn(config, self.ckpt_dir(h))
