@@ -33,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--log-output", action="store_true", help="stream the notebooks' output (training progress bars)")
     sub.add_parser("list", help="papers, their expected tables/figures and what exists in outputs/")
     sub.add_parser("datasets", help="datasets and where each would be loaded from")
+    rd = sub.add_parser("readme", help="regenerate the README's results table from outputs/<paper>/claims.csv")
+    rd.add_argument("--check", action="store_true", help="only report whether it is stale (exit 1 if so)")
     _add_bench_parser(sub)
     return ap
 
@@ -79,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "bench":
             return _bench(args)
+        if args.command == "readme":
+            from attnrepro.report import update_readme
+            stale = update_readme(check=args.check)
+            print(("README results table is stale: run `attnrepro readme`" if args.check else "README results table rewritten")
+                  if stale else "README results table is up to date")
+            return 1 if stale and args.check else 0
     except ValueError as e:
         print(f"attnrepro: error: {e}", file=sys.stderr)
         return 2

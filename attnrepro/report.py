@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_report.ipynb #05828de6
 from __future__ import annotations
-import json, os, time
+import json, math, os, time
 from pathlib import Path
 
 import pandas as pd
@@ -100,9 +100,12 @@ def results_table(root=None) -> str:
             raise ValueError(f"{d / 'claims.csv'} has no verdict column (written before attnrepro.verdicts): "
                              f"re-run `attnrepro reproduce --paper {d.name} --profile {man.get('profile')}`")
         counts = cl["verdict"].value_counts()
+        try: regime = load_profile(d.name, man.get("profile"), root).get("note", "")
+        except (ValueError, FileNotFoundError): regime = ""
+        regime = regime.split(":", 1)[1].strip() if regime.upper().startswith(("MINI PROFILE", "SMOKE PROFILE")) else regime
         rows.append({"paper": f"[{d.name}](outputs/{d.name}/claims.md)", "profile": man.get("profile", ""),
                      "runs": len(man.get("runs", [])), **{v: int(counts.get(v, 0)) for v in VERDICTS},
-                     "claims": "; ".join(f"{i}: {v}" for i, v in zip(cl["id"], cl["verdict"]))})
+                     "claims": "; ".join(f"{i}: {v}" for i, v in zip(cl["id"], cl["verdict"])), "regime": regime})
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
 
 def update_readme(root=None, check: bool = False) -> bool:
@@ -211,8 +214,10 @@ class PaperRun:
             cl.to_csv(self.out_dir / "claims.csv", index=False)
             md = claims_markdown(cl, f"Claims of {self.paper} checked at the {self.profile} profile")
             atomic_write_text(self.out_dir / "claims.md", md)
+        # JSON has no inf/nan: an unbounded interval or an untestable claim's missing effect becomes null
+        claims = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in c.items()} for c in self.claims]
         summary = dict(paper=self.paper, profile=self.profile, runs=list(self.used.values()),
                        seeds=sorted({r["seed"] for r in self.used.values() if r["seed"] is not None}),
-                       outputs=self.outputs, claims=self.claims, notebook_wall_time_s=round(time.time() - self.started, 3))
+                       outputs=self.outputs, claims=claims, notebook_wall_time_s=round(time.time() - self.started, 3))
         atomic_write_json(self.out_dir / "runs_used.json", summary)
         return summary

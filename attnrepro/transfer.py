@@ -22,10 +22,13 @@ from .models import create_student
 from .train import LossTerm, Method, StepContext, ce_term
 
 # %% auto #0
-__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'first_layers', 'last_layers', 'first_heads', 'has_drop_path',
-           'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod', 'vit_shape', 'scratch_student',
-           'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits', 'ensemble_top1',
-           'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts', 'model_info_counts']
+__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'first_layers', 'last_layers', 'first_heads',
+           'has_drop_path', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod', 'vit_shape',
+           'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
+           'ensemble_top1', 'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts',
+           'model_info_counts', 'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
+           'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
+           'claim_aggregation_hurts_most']
 
 # %% ../nbs/14_transfer.ipynb #42625cbf
 def first_layers(k: int, depth: int) -> list[int]:
@@ -409,3 +412,52 @@ def model_info_counts(model: nn.Module) -> dict[str, int]:
     m = _vit(model, "model_info_counts")
     a = m.blocks[0].attn
     return attention_info_counts(len(m.blocks), a.num_heads, m.patch_embed.num_patches + m.num_prefix_tokens, a.head_dim)
+
+# %% ../nbs/14_transfer.ipynb #da606b8d
+from .verdicts import Arm, Verdict, all_of, difference, gap_fraction, greater, less, within
+
+CLAIM_TEXTS = {
+    "1": "Attention Copy closes most (> 50 %) of the gap between scratch and fine-tuning",
+    "2": "Attention Distillation matches fine-tuning (within 0.5 point) and beats Attention Copy",
+    "3": "Copying Q beats copying K or V",
+    "4": "Transferring more layers helps, and later layers more than earlier ones",
+    "5a": "Students' features are dissimilar from the fine-tuned model (mean CKA within 0.1 of scratch's)",
+    "5b": "Ensembling the distilled student with the fine-tuned model beats the fine-tuned model",
+    "6": "Averaging the maps over examples or over query tokens hurts most"}
+
+def claim_copy_closes_gap(scratch: Arm, finetune: Arm, copy: Arm, at_least: float = 0.5) -> Verdict:
+    "1: (copy - scratch) / (fine-tune - scratch) > `at_least` (the paper: 77.8 %)."
+    return gap_fraction(scratch, copy, finetune, at_least, "(copy - scratch) / (fine-tune - scratch)")
+
+def claim_distill_matches_finetune(distill: Arm, finetune: Arm, copy: Arm, margin: float = 0.5) -> Verdict:
+    "2: |distill - fine-tune| <= `margin` points, and distill > copy."
+    return all_of([within(difference(distill, finetune, "distill - fine-tune"), margin),
+                   greater(difference(distill, copy, "distill - copy"))])
+
+def claim_q_beats_k_v(q: Arm, k: Arm, v: Arm) -> Verdict:
+    "3: copying Q beats copying K and beats copying V."
+    return all_of([greater(difference(q, k, "copy Q - copy K")), greater(difference(q, v, "copy Q - copy V"))])
+
+def claim_more_and_later_layers(first: dict, last: dict) -> Verdict:
+    """4: copying more layers beats fewer (for the first-k and the last-k sweeps: the largest k against the smallest)
+    and the last k layers beat the first k for every k both sweeps share (dicts k -> Arm, k > 0; an Arm shared by
+    both sweeps, e.g. all layers, is the same run and is not compared with itself)."""
+    parts = []
+    for side, d in (("first", first), ("last", last)):
+        lo, hi = min(d), max(d)
+        parts.append(greater(difference(d[hi], d[lo], f"{side} {hi} - {side} {lo} layers")))
+    parts += [greater(difference(last[k], first[k], f"last {k} - first {k} layers"))
+              for k in sorted(set(first) & set(last)) if first[k] is not last[k]]
+    return all_of(parts)
+
+def claim_features_dissimilar(cka_scratch: Arm, cka_students: dict, margin: float = 0.1) -> Verdict:
+    "5a: each student's mean CKA to the fine-tuned model is within `margin` of scratch's."
+    return all_of([within(difference(a, cka_scratch, f"CKA {k} - CKA scratch"), margin) for k, a in cka_students.items()])
+
+def claim_ensemble_beats_finetune(ensemble: Arm, finetune: Arm) -> Verdict:
+    "5b: the ensemble of the distilled student and the fine-tuned model beats the fine-tuned model alone."
+    return greater(difference(ensemble, finetune, "ensemble(distill, fine-tune) - fine-tune"))
+
+def claim_aggregation_hurts_most(agg: dict, worst=("examples", "query tokens")) -> Verdict:
+    "6: the maps averaged over each axis in `worst` score below every other aggregation (dict axis -> Arm)."
+    return all_of([less(difference(agg[w], agg[o], f"{w} - {o}")) for w in worst for o in agg if o not in worst])

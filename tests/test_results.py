@@ -39,3 +39,19 @@ def test_every_used_run_is_recorded(paper):
         rec = json.loads((out / "runs" / f"{r['hash']}.json").read_text())
         assert config_hash(rec["config"]) == r["hash"] == rec["hash"], f"{paper}: run {r['hash']} does not match its config"
         assert rec["profile"] == "mini" and rec["git_commit"] and rec["wall_time_s"] >= 0
+
+
+@pytest.mark.parametrize("paper", DONE)
+def test_claims_have_verdicts_with_intervals(paper):
+    import pandas as pd
+    from attnrepro.verdicts import VERDICTS
+    cl = pd.read_csv(output_dir(paper, "mini") / "claims.csv")
+    assert {"id", "claim", "verdict", "effect", "ci_low", "ci_high", "n", "mde", "evidence"} <= set(cl.columns)
+    assert set(cl["verdict"]) <= set(VERDICTS), f"outputs/{paper}/claims.csv has verdicts outside {VERDICTS}"
+    decided = cl[cl["verdict"] != "untestable"]
+    assert (decided["ci_low"] <= decided["effect"]).all() and (decided["effect"] <= decided["ci_high"]).all()
+
+
+def test_readme_results_table_is_generated_from_the_claims():
+    from attnrepro.report import update_readme
+    assert not update_readme(check=True), "README.md's results table is stale: run `.venv/bin/attnrepro readme`"
