@@ -61,10 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "reproduce":
+            if args.log_output:   # papermill logs the notebooks' printed output (runs, claims) at INFO
+                import logging
+                logging.basicConfig(format="%(message)s")
+                logging.getLogger("papermill").setLevel(logging.INFO)
             res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output)
             failed = [p for p, r in res.items() if isinstance(r, PaperFailed)]
             for p, r in res.items():
-                print(f"{p}: {'FAILED' if p in failed else 'ok'}" + ("" if p in failed else f" ({r['wall_time_s']} s)"))
+                print(f"{p}: {'FAILED' if p in failed else 'ok'}" + ("" if p in failed else
+                      f" ({r['wall_time_s']} s): outputs in {r['parameters']['out_dir']}"))
             if not res: print("No paper notebooks exist yet (nbs/papers/*.ipynb).")
             return 1 if failed else 0
         if args.command == "list":
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"attnrepro: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:   # finished runs are already on disk: one line, not a traceback
+        print(f"\nattnrepro: {e}" if str(e) else "\nattnrepro: interrupted; finished runs are kept, run the same "
+              "command to resume", file=sys.stderr)
+        return 130
     return 0
 
 def _bench(args) -> int:

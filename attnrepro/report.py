@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_report.ipynb #05828de6
 from __future__ import annotations
-import json, math, os, time
+import json, math, os, shutil, time
 from pathlib import Path
 
 import pandas as pd
@@ -163,18 +163,26 @@ class PaperRun:
             try: rec = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
+            missing = [k for k in ("config", "result", "wall_time_s") if not isinstance(rec, dict) or k not in rec]
+            if missing:
+                raise ValueError(f"Cached run {path} lacks {missing} (not a run record of attnrepro); delete it to rerun that config")
         elif os.environ.get("ATTNREPRO_CACHED_ONLY") == "1":
             raise RuntimeError(f"run {name or h!r} (config {h}) has no cached result in {self.runs_dir} and "
                                "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")
         else:
             t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
-            with resumed_time() as earlier: result = fn(config, self.ckpt_dir(h))
+            ckpt = self.ckpt_dir(h)
+            if self.force and any(ckpt.iterdir()):   # force means train again, not resume a finished checkpoint
+                shutil.rmtree(ckpt); ckpt.mkdir(parents=True)
+            print(f"[run] training {name or h} (config {h})", flush=True)
+            with resumed_time() as earlier: result = fn(config, ckpt)
             # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
             rec = dict(hash=h, name=name, paper=self.paper, profile=self.profile, config=json.loads(canonical_json(config)),
                        result=result, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
                        host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
             if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
             atomic_write_json(path, rec)
+            print(f"[run] finished {name or h} in {rec['wall_time_s']:.0f} s -> {path}", flush=True)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
                         "wall_time_s": rec["wall_time_s"], "device": rec.get("host", {}).get("device_name")}
         return rec["result"]

@@ -13,9 +13,9 @@ from .core import atomic_write_json, git_commit, package_versions, project_root
 from .report import PROFILES, check_profile, paper_meta, papers_dir
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'paper_notebook', 'known_papers',
-           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'compact_progress_output',
-           'run_paper', 'reproduce', 'status']
+__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'RunInterrupted', 'paper_notebook', 'known_papers',
+           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'check_parameter',
+           'compact_progress_output', 'run_paper', 'reproduce', 'status']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
@@ -24,6 +24,9 @@ RUNNER_PARAMS = ("profile", "out_dir", "runs_dir", "force")
 
 class PaperFailed(RuntimeError):
     "A paper notebook raised; its previous outputs are untouched."
+
+class RunInterrupted(KeyboardInterrupt):
+    "Ctrl-C during a regeneration; the message says how many runs finished (and were kept) and how to resume."
 
 def paper_notebook(short: str, root=None) -> Path:
     return Path(root or project_root()) / "nbs" / "papers" / f"{short}.ipynb"
@@ -56,9 +59,24 @@ def ensure_kernel(name: str = KERNEL_NAME) -> str:
 
 # %% ../nbs/08_runner.ipynb #f7f65c41
 def notebook_parameters(nb: Path) -> dict:
-    "The parameters declared in the notebook's `parameters` cell, {name: default}."
+    "The parameters declared in the notebook's `parameters` cell, {name: default} (defaults as Python source)."
     import papermill as pm
     return {k: v.get("default") for k, v in pm.inspect_notebook(str(nb)).items()}
+
+def check_parameter(name: str, value, default_src: str):
+    """`value` if it fits the type of the parameter's declared default, else a ValueError that names the parameter,
+    the value and an example (a CLI value that is not valid JSON arrives as a string)."""
+    import ast
+    try: default = ast.literal_eval(default_src)
+    except (ValueError, SyntaxError): return value   # a default that is an expression: nothing to check against
+    if default is None or value is None: return value
+    kind = type(default)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool): return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)): return value
+    example = {list: f"{name}='[\"a\", \"b\"]'", bool: f"{name}=true", int: f"{name}=3", float: f"{name}=0.5",
+               str: f"{name}=text"}.get(kind, f"{name}={default_src}")
+    raise ValueError(f"parameter {name!r} expects a {kind.__name__} (default {default_src}), got {value!r}; "
+                     f"values are JSON, for example --param {example}")
 
 def compact_progress_output(nb_path: Path | str) -> None:
     """Keep only the final state of progress bars in an executed notebook's stream outputs, as a terminal
@@ -121,6 +139,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     if bad:
         settable = sorted(set(declared) - set(RUNNER_PARAMS))
         raise ValueError(f"Unknown or reserved parameter(s) {bad} for {short!r}; settable parameters: {settable}")
+    params = {k: check_parameter(k, v, declared[k]) for k, v in params.items()}
     final = output_dir(short, profile, root)
     final.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".staging-{short}-*"):  # left by a killed regeneration, not a running one
@@ -129,17 +148,25 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     staging.mkdir(parents=True)
     all_params = dict(params, profile=profile, out_dir=str(staging), runs_dir=str(final / "runs"), force=bool(force))
     commit, t0, started = git_commit(root), time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    failed = root / "outputs" / ".failed" / profile / short
+    runs_before = {p.name for p in (final / "runs").glob("*.json")}
     try:
+        # the kernel's own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is noise to a user
         pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
-                            kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output)
+                            kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except PapermillExecutionError as e:
-        failed = root / "outputs" / ".failed" / short
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, failed)
         raise PaperFailed(f"{short} ({profile}) failed in cell {e.exec_count} (index {e.cell_index}): {e.ename}: "
                           f"{e.evalue}\nExecuted notebook: {failed / (short + '.ipynb')}; previous outputs in "
                           f"{final} are untouched.") from None
+    except KeyboardInterrupt:
+        shutil.rmtree(staging, ignore_errors=True)
+        new = len({p.name for p in (final / "runs").glob("*.json")} - runs_before)
+        raise RunInterrupted(f"interrupted: {short} ({profile}) stopped; {new} run(s) finished in this call and are kept in "
+                             f"{final / 'runs'}; previous outputs are untouched; run the same command to resume") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -151,8 +178,10 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
                     seeds=used.get("seeds", []), runs=used.get("runs", []), claims=used.get("claims", []),
                     packages=package_versions(), command=" ".join(sys.argv))
     del manifest["parameters"]["runs_dir"]
+    manifest["parameters"]["out_dir"] = os.path.relpath(final, root)   # no machine-specific absolute paths
     atomic_write_json(staging / "manifest.json", manifest)
     _publish(staging, final)
+    shutil.rmtree(failed, ignore_errors=True)   # an earlier failure of this paper and profile is now stale
     return manifest
 
 # %% ../nbs/08_runner.ipynb #47ecbefe

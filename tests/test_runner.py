@@ -14,7 +14,8 @@ FIXTURE = Path(__file__).parent / "fixtures" / "demo_paper.ipynb"
 
 
 @pytest.fixture
-def project(tmp_path):
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))   # checkpoints of the demo runs
     (tmp_path / "nbs" / "papers").mkdir(parents=True)
     shutil.copy(FIXTURE, tmp_path / "nbs" / "papers" / "demo.ipynb")
     (tmp_path / "papers" / "demo").mkdir(parents=True)
@@ -40,7 +41,7 @@ def test_run_publishes_outputs_and_manifest(project):
     assert {"git_commit", "wall_time_s", "packages"} <= set(disk) and disk["packages"]["torch"]
     assert {r["hash"] for r in disk["runs"]} == {p.stem for p in (out / "runs").glob("*.json")}
     assert "(ours, mini)" in (out / "table_1.md").read_text()
-    assert man["claims"][0]["holds"] is True
+    assert man["claims"][0]["verdict"] == "holds" and man["claims"][0]["effect"] == 1.0
     assert not list((project / "outputs").glob(".staging*"))
 
 
@@ -70,10 +71,10 @@ def test_failure_keeps_old_outputs_and_finished_runs(project):
         run_paper("demo", "mini", root=project, params=dict(p, fail_after_first_run=True))
     assert {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()} == before
     assert len(list((out / "runs").glob("*.json"))) == 1  # the run finished before the failure survives
-    assert (project / "outputs" / ".failed" / "demo" / "demo.ipynb").exists()
-    # going on: only the missing run trains
+    assert (project / "outputs" / ".failed" / "mini" / "demo" / "demo.ipynb").exists()
+    # going on: only the missing run trains (run 0 found its finished checkpoint, as fit would resume it)
     run_paper("demo", "mini", root=project, params=p)
-    assert calls(project) == ["0", "1", "0", "1"]
+    assert calls(project) == ["0", "1", "0resumed", "1resumed"]
 
 
 def test_reproduce_goes_on_after_a_failure(project):
@@ -136,11 +137,52 @@ def test_ctrl_c_then_rerun_reuses_finished_runs(project):
     # communicate, not wait: drains the pipe (a full pipe would block the child) and shows its output on failure;
     # generous timeout because a loaded 2-core CI machine tears the kernel down slowly
     out = proc.communicate(timeout=180)[0].decode(errors="replace")
-    assert proc.returncode != 0, out   # 0 would mean the interrupt was lost and run 1 finished
+    assert proc.returncode == 130, out   # 0 would mean the interrupt was lost and run 1 finished
+    assert "interrupted: demo (mini) stopped; 1 run(s) finished" in out and "run the same command" in out, out
+    assert "Traceback" not in out, out
     assert len(list(runs.glob("*.json"))) == 1
     assert not (project / "outputs" / "demo" / "manifest.json").exists()
     r = subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert calls(project) == ["0", "1", "1"]  # only the interrupted run trained again
+    assert calls(project) == ["0", "1", "1resumed"]  # only the interrupted run trained again, from its checkpoint
     assert len(list(runs.glob("*.json"))) == 2
     assert not list((project / "outputs").glob(".staging*"))
+
+
+def test_force_retrains_from_scratch_and_failures_are_cleared(project):
+    """--force trains again from scratch: a finished checkpoint of the same config is removed, not resumed (the
+    fixture records 'resumed' when it finds one), and a later success clears the paper's stale failure folder."""
+    p = {"counter_file": str(project / "calls.txt")}
+    with pytest.raises(PaperFailed):
+        run_paper("demo", "mini", root=project, params=dict(p, fail_after_first_run=True))
+    assert (project / "outputs" / ".failed" / "mini" / "demo").exists()
+    run_paper("demo", "mini", root=project, params=p)
+    assert not (project / "outputs" / ".failed" / "mini" / "demo").exists()
+    run_paper("demo", "mini", root=project, params=p, force=True)
+    assert calls(project) == ["0", "1", "0", "1"]   # run 0 of the failed call is reused, then retrained fresh
+    man = json.loads((project / "outputs" / "demo" / "manifest.json").read_text())
+    assert man["parameters"]["out_dir"] == "outputs/demo"   # relative, not this machine's absolute path
+
+
+def test_malformed_param_names_the_parameter(project):
+    with pytest.raises(ValueError, match=r"parameter 'fail_after_first_run' expects a bool .*got '\[0,'"):
+        run_paper("demo", "mini", root=project, params={"fail_after_first_run": "[0,"})
+    with pytest.raises(ValueError, match=r"parameter 'counter_file' expects a str"):
+        run_paper("demo", "mini", root=project, params={"counter_file": [1, 2]})
+    (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
+    exe = Path(sys.executable).parent / "attnrepro"
+    r = subprocess.run([str(exe), "reproduce", "--paper", "demo", "--profile", "mini", "--param", "sleep_in_second_run=[0,"],
+                       cwd=project, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "'sleep_in_second_run' expects a float" in r.stderr, r.stderr
+
+
+def test_log_output_shows_runs_and_claims(project):
+    (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
+    exe = Path(sys.executable).parent / "attnrepro"
+    r = subprocess.run([str(exe), "reproduce", "--paper", "demo", "--profile", "mini", "--log-output",
+                        "--param", f"counter_file={project / 'calls.txt'}"], cwd=project, capture_output=True, text=True,
+                       timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert "[run] training" in out and "[run] finished" in out and "[holds] claim 1" in out, out
+    assert "outputs in outputs/demo" in r.stdout
