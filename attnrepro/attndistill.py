@@ -18,10 +18,11 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention',
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'CLAIM_TEXTS', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention',
            'value_weighted', 'cls_attention_loss', 'projector_dims', 'Projector', 'patch_alignment_loss',
            'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets', 'attndistill_method',
-           'projector_layer_features']
+           'projector_layer_features', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes',
+           'claim_kl_beats_alternatives', 'claim_projector_design']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -325,3 +326,45 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
         if projector is not None: projector.train(was[1])
     if feats is None: raise ValueError("projector_layer_features: the loader yielded no batches")
     return [torch.cat(f) for f in feats], torch.cat(labels)
+
+# %% ../nbs/16_attndistill.ipynb #ea8066c6
+from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, less, untestable
+
+CLAIM_TEXTS = {
+    "1": "AttnDistill improves the student over feature regression alone in linear probe, and more in k-NN, "
+         "narrowing the gap to the teacher",
+    "2": "the gain holds across student heads, depth and patch size (with interpolation)",
+    "3": "KL on attention beats MSE on attention and weighting by V",
+    "4": "a 4-layer projector is best, and the features before the projector are always a good choice to evaluate "
+         "(no projector layer beats them by 0.5 point or more)"}
+
+def claim_gain_over_feature_regression(pa_lp: Arm, ad_lp: Arm, pa_knn: Arm | None = None,
+                                       ad_knn: Arm | None = None) -> Verdict:
+    """1: AttnDistill - PA > 0 in linear probe; given k-NN arms, also in k-NN (the k-NN gap to the teacher narrows:
+    the teacher's number cancels) and by more in k-NN than in the probe (the LP-to-k-NN drop shrinks). Without k-NN
+    arms (the supplement prints none) only the probe part is decided."""
+    if (pa_knn is None) != (ad_knn is None): raise ValueError("pass both k-NN arms or neither")
+    parts = [greater(difference(ad_lp, pa_lp, "LP: AttnDistill - PA"))]
+    if pa_knn is not None:
+        parts += [greater(difference(ad_knn, pa_knn, "k-NN: AttnDistill - PA")),
+                  greater(contrast([(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], "k-NN gain - LP gain"))]
+    return all_of(parts)
+
+def claim_gain_across_shapes(pairs: dict) -> Verdict:
+    "2: AttnDistill - PA > 0 for every student shape (dict shape -> (PA arm, AttnDistill arm))."
+    return all_of([untestable(f"{k}: PA and AttnDistill are the same run") if pa is ad else
+                   greater(difference(ad, pa, f"{k}: AttnDistill - PA")) for k, (pa, ad) in pairs.items()])
+
+def claim_kl_beats_alternatives(kl: Arm, alternatives: dict) -> Verdict:
+    "3: the KL attention loss beats each alternative (dict name -> Arm: MSE on attention, weighting by V)."
+    return all_of([untestable(f"KL and {k} are the same run") if a is kl else greater(difference(kl, a, f"KL - {k}"))
+                   for k, a in alternatives.items()])
+
+def claim_projector_design(lp: dict, best: int = 4, margin: float = 0.5) -> Verdict:
+    """4: `lp` maps projector depth -> {evaluation layer -> Arm} (layer 0: before the projector). The `best`-layer
+    projector beats every other depth at layer 0, and in every projector no layer j >= 1 beats layer 0 by `margin`
+    points or more (the paper: layer 0 "is always a good choice", not always the best)."""
+    parts = [greater(difference(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")) for n in lp if n != best]
+    parts += [less(difference(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin)
+              for n, by in lp.items() for j in by if j != 0]
+    return all_of(parts)

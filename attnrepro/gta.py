@@ -17,13 +17,17 @@ from .attention import AttentionCapture, _resolve_layers, attention_blocks, mode
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss
+from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled_sd, untestable
 
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
-           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'frozen_copy', 'set_drop_path', 'target_from_source', 'FeatureTap',
-           'TapTerm', 'guidance_loss', 'guidance_term', 'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term',
-           'set_finetune_part', 'cutmix_box', 'patch_box_mask', 'transmix_lambda', 'mixed_targets', 'TransferMethod',
-           'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup', 'finetune_transform']
+           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy', 'set_drop_path',
+           'target_from_source', 'FeatureTap', 'TapTerm', 'guidance_loss', 'guidance_term', 'l2sp_penalties',
+           'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box', 'patch_box_mask', 'transmix_lambda',
+           'mixed_targets', 'TransferMethod', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard',
+           'ClassGroup', 'finetune_transform', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
+           'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
+           'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -476,3 +480,104 @@ def finetune_transform(img_size: int, randaugment: str | None = "rand-m9-mstd0.5
     ra = [rand_augment(img_size, randaugment)] if randaugment is not None else []
     return T.Compose(train_crop(img_size) + [T.RandomHorizontalFlip(), *ra, T.ToTensor(),
                                              T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+# %% ../nbs/15_gta.ipynb #c1a1e5x1
+NO_SPREAD = "one seed and no measured seed spread in this regime"
+
+CLAIM_TEXTS = {   # id -> claim; {rate} is filled in by the notebook from the profile
+    "1": "GTA beats naive fine-tuning at every sampling rate, most at the lowest rate, the gain shrinking as data grows",
+    "2": "At {rate}, GTA beats L2-SP, BSS, attention-only and FFN-only fine-tuning",
+    "3": "Guiding attention logits beats guiding block outputs or MSA outputs",
+    "4": "GTA's attention masks overlap objects better (higher Jaccard) than the fine-tuned baseline's",
+    "5": "TransMix adds more on top of GTA than on top of the baseline at low data ({rate})",
+    "6": "GTA helps with both the supervised and the self-supervised source (at {rate})",
+}
+
+def seed_spread(arms: Iterable[Arm]) -> tuple[float, float] | None:
+    "Pooled seed-to-seed sd and its df over the `arms` with 2+ seeds (`pooled_sd`); None when every arm has one seed."
+    multi = [a for a in arms if a.n > 1]
+    return pooled_sd(multi) if multi else None
+
+def seeds_arm(values, name: str = "", n_test: int | None = None, spread: tuple[float, float] | None = None) -> Arm:
+    """An `Arm` of per-seed values. A one-seed row borrows `spread` = (sd, df) from `seed_spread`; without it the
+    row stays as it is and every comparison that needs its noise is `untestable`."""
+    values = np.atleast_1d(np.asarray(values, dtype=float))
+    if len(values) == 1 and spread is not None:
+        return arm(values, name, n_test, sd_seed=spread[0], sd_df=spread[1])
+    return arm(values, name, n_test)
+
+def rate_label(rate: float) -> str:
+    "A sampling rate given as a fraction in (0, 1], printed as a percentage."
+    if not 0 < rate <= 1:
+        raise ValueError(f"sampling rates are fractions in (0, 1], got {rate!r}")
+    return f"{100 * rate:g}%"
+
+def _compare(terms: Sequence[tuple[float, Arm]], label: str, margin: float = 0.0, test=greater) -> Verdict:
+    "`test` (greater / less) of the contrast `terms` against `margin`, or untestable when it cannot be made."
+    weights: dict[int, float] = {}
+    for w, a in terms:
+        weights[id(a)] = weights.get(id(a), 0.0) + w
+    if any(w == 0 for w in weights.values()):
+        return untestable("a row is compared with itself (the same run on both sides)", label)
+    silent = sorted({a.name for _, a in terms if a.n < 2 and a.sd_seed is None})
+    if silent:
+        return untestable(f"{NO_SPREAD} (rows {', '.join(silent)})", label)
+    return test(contrast(terms, label), margin)
+
+def _beats(a: Arm, b: Arm, label: str, margin: float = 0.0) -> Verdict:
+    return _compare([(1.0, a), (-1.0, b)], label, margin)
+
+# %% ../nbs/15_gta.ipynb #c1a1e5x2
+def claim_gain_shrinks_with_data(gta: Mapping[str, Mapping[float, Arm]], baseline: Mapping[str, Mapping[float, Arm]],
+                                 margin: float = 0.0) -> Verdict:
+    """Claim 1, per dataset (`gta[dataset][rate]`, rates as fractions): GTA - baseline > `margin` at every rate; the
+    gain at the lowest rate exceeds the gain at each other rate; from three rates on, the slope of the gain over
+    log2(rate) is negative. The conjunction over datasets."""
+    parts = []
+    for d, by_rate in gta.items():
+        rates = sorted(by_rate)
+        gain = {r: [(1.0, by_rate[r]), (-1.0, baseline[d][r])] for r in rates}
+        parts += [_beats(by_rate[r], baseline[d][r], f"{d} {rate_label(r)}: GTA - baseline", margin) for r in rates]
+        if len(rates) < 2:
+            parts.append(untestable("one sampling rate: no trend to test", f"{d}: gain vs data"))
+            continue
+        low = rates[0]
+        parts += [_compare(gain[low] + [(-w, a) for w, a in gain[r]],
+                           f"{d}: gain at {rate_label(low)} - gain at {rate_label(r)}") for r in rates[1:]]
+        if len(rates) > 2:
+            x = np.log2(rates)
+            c = (x - x.mean()) / ((x - x.mean()) ** 2).sum()   # least-squares slope weights
+            parts.append(_compare([(ci * w, a) for ci, r in zip(c, rates) for w, a in gain[r]],
+                                  f"{d}: slope of the gain per doubling of the data", test=less))
+    return all_of(parts, "gain > 0 at every rate, largest at the lowest rate, falling with log2(rate)")
+
+def claim_beats_other_methods(gta: Mapping[str, Arm], others: Mapping[str, Mapping[str, Arm]],
+                              margin: float = 0.0) -> Verdict:
+    "Claim 2: per dataset `d`, GTA (`gta[d]`) - each other method (`others[d][method]`) > `margin`; the conjunction."
+    return all_of([_beats(gta[d], a, f"{d}: GTA - {m}", margin) for d in others for m, a in others[d].items()],
+                  "GTA beats every other method")
+
+def claim_logits_beat_other_features(gta: Mapping[str, Arm], block: Mapping[str, Arm], msa: Mapping[str, Arm],
+                                     margin: float = 0.0) -> Verdict:
+    "Claim 3: per setting (dataset, rate), GTA - block-output guidance and GTA - MSA-output guidance > `margin`."
+    return all_of([_beats(gta[k], other[k], f"{k}: GTA - {what}", margin) for k in gta
+                   for what, other in (("block output guide", block), ("MSA output guide", msa))],
+                  "attention logits beat both other features")
+
+def claim_masks_overlap_better(gta: Mapping[str, Arm], baseline: Mapping[str, Arm], margin: float = 0.0) -> Verdict:
+    "Claim 4: per setting, GTA's attention-mask Jaccard - the fine-tuned baseline's > `margin`."
+    return all_of([_beats(gta[k], baseline[k], f"{k}: Jaccard GTA - baseline", margin) for k in gta],
+                  "GTA's masks beat the baseline's")
+
+def claim_transmix_boosts_gta_more(baseline: Mapping[str, Arm], transmix: Mapping[str, Arm], gta: Mapping[str, Arm],
+                                   gta_transmix: Mapping[str, Arm], margin: float = 0.0) -> Verdict:
+    "Claim 5: per setting, (GTA+TransMix - GTA) - (baseline+TransMix - baseline) > `margin` (the interaction)."
+    return all_of([_compare([(1.0, gta_transmix[k]), (-1.0, gta[k]), (-1.0, transmix[k]), (1.0, baseline[k])],
+                            f"{k}: TransMix gain on GTA - on baseline", margin) for k in gta],
+                  "TransMix adds more on GTA")
+
+def claim_helps_both_sources(gta: Mapping[str, Mapping[str, Arm]], baseline: Mapping[str, Mapping[str, Arm]],
+                             margin: float = 0.0) -> Verdict:
+    "Claim 6: per source `s` and dataset `d`, GTA (`gta[s][d]`) - naive fine-tuning from that source > `margin`."
+    return all_of([_beats(gta[s][d], baseline[s][d], f"{s} {d}: GTA - baseline", margin) for s in gta for d in gta[s]],
+                  "GTA helps with every source")
