@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             for row in status():
                 print(f"{row['paper']:20s} notebook={'yes' if row['notebook'] else 'no ':3s} {row['title']}")
                 if row["expected"]: print(f"{'':20s} expected: {', '.join(row['expected'])}")
+                if row["parameters"]:
+                    print(f"{'':20s} --param: " + ", ".join(f"{k}={v}" for k, v in row["parameters"].items()))
                 for prof in ("mini", "smoke"):
                     if row[prof]: print(f"{'':20s} {prof}: {len(row[prof]['files'])} files, {row[prof]['runs']} runs")
             return 0

@@ -37,15 +37,25 @@ def check_profile(profile: str) -> str:
         raise ValueError(f"Unknown profile {profile!r}; valid profiles: {list(PROFILES)}")
     return profile
 
-def load_profile(short: str, profile: str, root=None) -> dict:
-    "The recipe of `profile` from `papers/<short>/profiles.yaml`."
+def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = None) -> dict:
+    """The recipe of `profile` from `papers/<short>/profiles.yaml`. `seeds` (the notebooks' `seeds` parameter)
+    replaces the seeds of the headline rows: the profile's top-level `seeds`, else each section's `seeds`."""
     check_profile(profile)
     p = papers_dir(root) / short / "profiles.yaml"
     if not p.exists(): raise FileNotFoundError(f"{p} does not exist: paper {short!r} has no profiles yet")
     profiles = yaml.safe_load(p.read_text()) or {}
     if profile not in profiles:
         raise ValueError(f"Paper {short!r} defines no {profile!r} profile in {p}; it has: {sorted(profiles)}")
-    return profiles[profile]
+    P = profiles[profile]
+    if seeds is not None:
+        if (not isinstance(seeds, (list, tuple)) or not seeds
+                or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+            raise ValueError(f"seeds must be a non-empty list of integers, e.g. [0, 1, 2]; got {seeds!r}")
+        holders = [P] if "seeds" in P else [v for v in P.values() if isinstance(v, dict) and "seeds" in v]
+        if not holders:
+            raise ValueError(f"the {profile!r} profile of {short!r} has no seed list to replace ({p})")
+        for h in holders: h["seeds"] = list(seeds)
+    return P
 
 def load_reported(short: str, table_id: str, root=None) -> pd.DataFrame:
     "The paper's own numbers for `table_id`, as transcribed in `papers/<short>/reported/<table_id>.csv`."

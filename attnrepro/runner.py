@@ -213,8 +213,10 @@ def status(root=None) -> list[dict]:
     rows = []
     for p in known_papers(root):
         meta = paper_meta(p, root)
-        row = dict(paper=p, title=meta.get("title", ""), notebook=paper_notebook(p, root).exists(),
-                   expected=list(meta.get("outputs", [])))
+        nb = paper_notebook(p, root)
+        row = dict(paper=p, title=meta.get("title", ""), notebook=nb.exists(), expected=list(meta.get("outputs", [])),
+                   parameters={k: v for k, v in notebook_parameters(nb).items() if k not in RUNNER_PARAMS}
+                   if nb.exists() else {})
         for prof in ("mini", "smoke"):
             d = output_dir(p, prof, root)
             man = d / "manifest.json"

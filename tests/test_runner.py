@@ -186,3 +186,21 @@ def test_log_output_shows_runs_and_claims(project):
     assert r.returncode == 0, out
     assert "[run] training" in out and "[run] finished" in out and "[holds] claim 1" in out, out
     assert "outputs in outputs/demo" in r.stdout
+
+
+def test_readme_param_examples_are_settable_in_every_paper():
+    """Every `--param KEY=VALUE` example in the README names a parameter the paper notebooks declare, with a value
+    of its declared type; `seeds` is settable in every paper notebook."""
+    import re
+    from attnrepro.cli import _parse_param
+    from attnrepro.core import project_root
+    from attnrepro.runner import RUNNER_PARAMS, check_parameter, notebook_parameters, paper_notebook, runnable_papers
+    declared = {p: notebook_parameters(paper_notebook(p)) for p in runnable_papers()}
+    assert all("seeds" in d for d in declared.values()), {p: sorted(d) for p, d in declared.items()}
+    examples = re.findall(r"--param (\S+)", (project_root() / "README.md").read_text())
+    assert examples, "the README shows no --param example"
+    for ex in examples:
+        k, v = _parse_param(ex)
+        for p, d in declared.items():
+            assert k in d and k not in RUNNER_PARAMS, f"README example {ex!r}: {p} declares no parameter {k!r}"
+            check_parameter(k, v, d[k])
