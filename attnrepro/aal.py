@@ -21,12 +21,16 @@ from .models import block_names, describe_model, intermediate_features
 from .train import LossTerm, Method, StepContext, ce_loss
 
 # %% auto #0
-__all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'vit_map_layout', 'cls_attention_maps',
-           'renormalize', 'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks',
-           'paper_link_mask', 'link_mask', 'resample_link_mask', 'link_magnitudes', 'select_links', 'aal_loss',
-           'aal_lambda_schedule', 'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout',
-           'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes',
-           'distill_method']
+__all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
+           'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'vit_map_layout', 'cls_attention_maps', 'renormalize',
+           'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks', 'paper_link_mask',
+           'link_mask', 'resample_link_mask', 'link_magnitudes', 'select_links', 'aal_loss', 'aal_lambda_schedule',
+           'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout', 'pit_cls_attention_maps',
+           'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes', 'distill_method',
+           'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
+           'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
+           'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
+           'claim_localises_better']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -487,3 +491,118 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
 
     return Method([LossTerm("ce", ce_loss, ce_weight), dist_term], name=name or f"deit_{kind}",
                   frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward)
+
+# %% ../nbs/12_aal.ipynb #0874f7c8
+from scipy.stats import spearmanr
+
+from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, less, untestable
+
+NO_SEED_SPREAD = "one seed and no measured seed spread in this regime"
+
+CLAIM_TEXTS = {
+    "1_low_data": "AAL beats DeiT distillation and ConViT at 5-30 % data, the gap shrinking as data grows",
+    "2_selective": "Selective links beat full links at low data ({low} %)",
+    "3_cifar": "On CIFAR-10 AAL beats soft and hard label distillation (both augmentations), and AAL + hard "
+               "distillation is best with weak augmentation",
+    "4_link_depth": "Link magnitudes follow depth (shallow CNN blocks link to shallow ViT layers) and links to high "
+                    "ViT layers weaken with more data",
+    "5_convergence": "AAL reaches a given accuracy in fewer epochs than DeiT (target {target})",
+    "6_wsol": "AAL localises objects better than DeiT (MaxBoxAcc at IoU 0.5 and averaged over 0.3/0.5/0.7)",
+}
+
+def _without_spread(arms: Sequence[Arm]) -> Verdict | None:
+    "`untestable` when some arm has one value and no borrowed seed sd (its seed noise is unknown), else None."
+    bare = [a.name for a in arms if a.n < 2 and a.sd_seed is None]
+    which = ", ".join(bare) if len(bare) <= 3 else f"{len(bare)} rows: {', '.join(bare[:2])}, ..."
+    return untestable(f"{NO_SEED_SPREAD} ({which})") if bare else None
+
+def claim_beats_baselines_at_low_data(aal: Mapping[int, Arm], baselines: Mapping[str, Mapping[int, Arm]],
+                                      low: Sequence[int]) -> Verdict:
+    """Claim 1 (Table 2): AAL's top-1 exceeds each baseline's at every fraction in `low`, and its gain over each
+    baseline is larger at the smallest fraction than at the largest. `aal`, `baselines[name]`: fraction -> Arm."""
+    fr = sorted(aal)
+    if len(fr) < 2: raise ValueError(f"claim 1 needs at least two fractions, got {fr}")
+    if (u := _without_spread([*aal.values(), *(a for b in baselines.values() for a in b.values())])): return u
+    lo, hi = fr[0], fr[-1]
+    parts = [greater(difference(aal[f], b[f], f"AAL - {name} at {f} %")) for name, b in baselines.items() for f in low]
+    parts += [greater(contrast([(1, aal[lo]), (-1, b[lo]), (-1, aal[hi]), (1, b[hi])],
+                               f"(AAL - {name}) at {lo} % minus at {hi} %")) for name, b in baselines.items()]
+    return all_of(parts)
+
+def claim_selective_beats_full(full: Mapping[int, Arm], selective: Mapping[int, Arm], masks: Mapping[int, np.ndarray],
+                               low: Sequence[int]) -> Verdict:
+    """Claim 2 (Table 3): selective links beat full links at every fraction in `low`. `masks[f]`: the (blocks,
+    layers) selection used at fraction f; a mask that keeps every pair makes the selective run the full-link run."""
+    parts = []
+    for f in low:
+        m = np.asarray(masks[f], dtype=bool)
+        if m.all() or selective[f] is full[f]:
+            parts.append(untestable(f"at {f} % Algorithm 1 kept {int(m.sum())}/{m.size} pairs, so the selective-link "
+                                    "run is the full-link run (a run compared with itself)"))
+        else:
+            parts.append(_without_spread([selective[f], full[f]])
+                         or greater(difference(selective[f], full[f], f"selective - full at {f} %")))
+    return all_of(parts)
+
+T5_AAL, T5_SOFT, T5_HARD, T5_AAL_HARD = "CE + AAL", "CE + Soft Distillation", "CE + Hard Distillation", "CE + AAL + Hard Dist."
+
+def claim_cifar_aal_beats_label_distillation(top1: Mapping[str, Mapping[str, Arm]]) -> Verdict:
+    """Claim 3 (Table 5): `top1[augmentation][method]` with Table 5's method names. AAL beats soft and hard
+    distillation under every augmentation, and AAL + hard distillation beats every other method under 'weak'."""
+    if (u := _without_spread([a for t in top1.values() for a in t.values()])): return u
+    parts = [greater(difference(t[T5_AAL], t[o], f"{aug}: AAL - {o}")) for aug, t in top1.items() for o in (T5_SOFT, T5_HARD)]
+    w = top1["weak"]
+    parts += [greater(difference(w[T5_AAL_HARD], w[o], f"weak: AAL + hard - {o}")) for o in w if o != T5_AAL_HARD]
+    return all_of(parts)
+
+# %% ../nbs/12_aal.ipynb #bc63ca42
+def link_depth_correlation(m) -> float:
+    "Spearman correlation between CNN block index and the magnitude-weighted mean ViT layer of its links."
+    m = np.asarray(m, dtype=float)
+    centroid = (m * np.arange(m.shape[1])).sum(1) / m.sum(1)
+    if np.ptp(centroid) == 0: return 0.0   # no variation: no rank association to measure
+    return float(spearmanr(np.arange(m.shape[0]), centroid).statistic)
+
+def top_layer_share(m) -> float:
+    "Share of the total link magnitude on the top third of the ViT layers (at least one layer)."
+    m = np.asarray(m, dtype=float)
+    k = max(1, m.shape[1] // 3)
+    return float(m[:, -k:].sum() / m.sum())
+
+def init_link_magnitude(num_vit_maps: int) -> float:
+    "Expected mean |w| of `AttentionLinks` at PyTorch's default 1x1-conv init, U(-b, b) with b = 1/sqrt(num_vit_maps)."
+    return 0.5 / math.sqrt(num_vit_maps)
+
+def claim_links_follow_depth(depth_corr: Mapping[str, Arm], top_share_more_data: Arm, top_share_less_data: Arm) -> Verdict:
+    """Claim 4 (Figure 2): every `depth_corr` arm (Spearman per seed, `link_depth_correlation`) is above 0, and the
+    top-layer share (`top_layer_share`) is smaller when trained on more data."""
+    if (u := _without_spread([*depth_corr.values(), top_share_more_data, top_share_less_data])): return u
+    parts = [greater(contrast([(1.0, a)], f"Spearman(block, weighted layer), {name}")) for name, a in depth_corr.items()]
+    parts.append(less(difference(top_share_more_data, top_share_less_data)))
+    return all_of(parts)
+
+# %% ../nbs/12_aal.ipynb #e7832f4a
+def epochs_to_reach(curve: Sequence[Mapping], target: float) -> int | None:
+    "First evaluated epoch of `curve` (rows with 'epoch', 'top1') whose top-1 reaches `target`; None if none does."
+    hit = [c["epoch"] for c in curve if c["top1"] >= target]
+    return hit[0] if hit else None
+
+def claim_converges_faster(method: Arm, baseline: Arm, horizon: float = math.inf) -> Verdict:
+    """Claim 5 (Figure 3): `method` needs fewer epochs than `baseline` to reach the target (Arms of epochs to reach
+    it, one per seed; a run that never reaches it is recorded at `horizon`)."""
+    if (u := _without_spread([method, baseline])): return u
+    if min(method.values) >= horizon and min(baseline.values) >= horizon:
+        return untestable(f"neither {method.name} nor {baseline.name} reaches the target within {horizon:g} epochs")
+    v = less(difference(method, baseline, f"epochs to reach: {method.name} - {baseline.name}"))
+    if v.holds and max(method.values) >= horizon:
+        return Verdict("inconclusive", v.statement + f"; some {method.name} runs never reach the target (recorded at "
+                       f"{horizon:g}, a lower bound)", v.effect, v.ci_low, v.ci_high, v.n, v.mde)
+    return v
+
+def claim_localises_better(aal: Mapping[str, Arm], deit: Mapping[str, Arm]) -> Verdict:
+    """Claim 6 (Table C): AAL's MaxBoxAcc exceeds DeiT's at IoU 0.5 (key 'iou50') and averaged over IoU 0.3/0.5/0.7
+    ('mean'). An average of accuracies on the same n boxes has at most the binomial variance of its mean, so
+    `n_test` = number of boxes is conservative for it."""
+    keys = ("iou50", "mean")
+    if (u := _without_spread([*(aal[k] for k in keys), *(deit[k] for k in keys)])): return u
+    return all_of([greater(difference(aal[k], deit[k], f"MaxBoxAcc AAL - DeiT ({k})")) for k in keys])
