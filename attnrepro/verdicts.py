@@ -82,7 +82,7 @@ def pooled_sd(arms: Iterable[Arm]) -> tuple[float, float]:
     df = sum(a.n - 1 for a in arms)
     return math.sqrt(sum((a.n - 1) * a.sd ** 2 for a in arms) / df), float(df)
 
-# %% ../nbs/17_verdicts.ipynb #4275fe5f
+# %% ../nbs/17_verdicts.ipynb #551205d6
 def _tcrit(q: float, df: float) -> float:
     return float(stats.norm.ppf(q) if math.isinf(df) else stats.t.ppf(q, df))
 
@@ -133,9 +133,14 @@ def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float =
             if m[1] is a: m[0] += w; break
         else: merged.append([float(w), a])
     effect = sum(w * a.mean for w, a in merged)
-    seed = [(w * w * v, df) for w, a in merged for v, df in [a.seed_var()]]
-    var = sum(v for v, _ in seed) + sum(w * w * a.test_var() for w, a in merged)
-    den = sum(v * v / df for v, df in seed if v > 0 and not math.isinf(df))
+    # arms borrowing one pooled sd share a single variance estimate: its df counts once in Welch-Satterthwaite
+    groups: dict = {}
+    for w, a in merged:
+        v, df = a.seed_var()
+        key = ("borrowed", a.sd_seed, a.sd_df) if a.sd_seed is not None else ("own", id(a))
+        groups[key] = (groups.get(key, (0.0, df))[0] + w * w * v, df)
+    var = sum(v for v, _ in groups.values()) + sum(w * w * a.test_var() for w, a in merged)
+    den = sum(v * v / df for v, df in groups.values() if v > 0 and not math.isinf(df))
     df = var * var / den if den > 0 else math.inf
     return Estimate(label or " ".join(f"{w:+g}*{a.name}" for w, a in merged), float(effect), math.sqrt(var), df,
                     _seeds_text([a for _, a in merged]), level)
@@ -144,7 +149,7 @@ def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimat
     "`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise)."
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
-# %% ../nbs/17_verdicts.ipynb #dba9f5ef
+# %% ../nbs/17_verdicts.ipynb #558633c4
 @dataclass
 class Verdict:
     "A claim's verdict with the numbers that decided it; `str()` gives the printed line."
@@ -193,7 +198,7 @@ def untestable(reason: str, statement: str = "") -> Verdict:
     "A comparison that cannot be made, with the reason."
     return Verdict("untestable", f"{statement + ': ' if statement else ''}untestable: {reason}")
 
-# %% ../nbs/17_verdicts.ipynb #90eaef0f
+# %% ../nbs/17_verdicts.ipynb #321a9c15
 def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: str = "", level: float = LEVEL) -> Verdict:
     "Claim: `(method - base) / (target - base) > at_least`, decided on Fieller's interval of the ratio."
     a, b = difference(method, base), difference(target, base)
@@ -220,7 +225,7 @@ def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: st
     st = f"{name} = {f:.2f} [{lo:.2f}, {hi:.2f}], {n} (claim: > {at_least:g}){extra}"
     return Verdict(v, st, f, lo, hi, n, mde)
 
-# %% ../nbs/17_verdicts.ipynb #2bb47eb9
+# %% ../nbs/17_verdicts.ipynb #9212d601
 def all_of(parts: Sequence[Verdict], label: str = "") -> Verdict:
     "The conjunction of several verdicts."
     parts = list(parts)
@@ -234,7 +239,7 @@ def all_of(parts: Sequence[Verdict], label: str = "") -> Verdict:
     st = (label + ": " if label else "") + "; ".join(f"{p.statement} -> {p.verdict}" for p in parts)
     return Verdict(v, st, key.effect, key.ci_low, key.ci_high, key.n, key.mde)
 
-# %% ../nbs/17_verdicts.ipynb #91e3c3d8
+# %% ../nbs/17_verdicts.ipynb #8306dabd
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
     "(mean, half-width of the t interval over seeds; nan with one seed)."
     v = np.asarray(values, dtype=float)

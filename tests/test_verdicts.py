@@ -1,0 +1,61 @@
+"""Golden checks of attnrepro.verdicts against scipy and against simulation."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from attnrepro.verdicts import arm, contrast, difference, gap_fraction, greater, pooled_sd, reported, within
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_difference_is_welch_t_interval(seed):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(40, 1.5, size=3 + seed), rng.normal(38, 0.7, size=4)
+    ci = stats.ttest_ind(x, y, equal_var=False).confidence_interval(0.95)
+    d = difference(arm(x, "x"), arm(y, "y"))
+    assert d.ci_low == pytest.approx(ci.low, abs=1e-9) and d.ci_high == pytest.approx(ci.high, abs=1e-9)
+
+
+def test_test_set_noise_adds_binomial_variance():
+    a, b = arm([40.0, 41.0, 42.0], "a", n_test=2000), arm([30.0, 31.0, 32.0], "b", n_test=2000)
+    e = difference(a, b)
+    seed_var = 1.0 / 3 + 1.0 / 3                                   # sample variance 1 over 3 seeds, each arm
+    test_var = 1e4 * (0.41 * 0.59 + 0.31 * 0.69) / 2000           # not divided by the seeds: one test set
+    assert e.se == pytest.approx(math.sqrt(seed_var + test_var), rel=1e-12)
+    df = (seed_var + test_var) ** 2 / ((1 / 3) ** 2 / 2 * 2)      # Welch-Satterthwaite, test terms with infinite df
+    assert e.df == pytest.approx(df, rel=1e-12)
+    assert e.ci_high - e.effect == pytest.approx(stats.t.ppf(0.975, df) * e.se, rel=1e-12)
+
+
+def test_gap_fraction_interval_is_the_inverted_contrast_test():
+    base, method, target = (arm(v, n, n_test=10000) for v, n in
+                            (([30.0, 31.2, 29.9], "scratch"), ([36.0, 37.1, 35.4], "copy"), ([40.2, 41.0, 39.6], "ft")))
+    v = gap_fraction(base, method, target, 0.5)
+    f = v.effect
+    df = contrast([(1, method), (-1, base), (-f, target), (f, base)]).df
+    t = stats.t.ppf(0.975, df)
+    grid = np.linspace(-0.5, 1.5, 20001)
+    inside = [r for r in grid if abs((e := contrast([(1, method), (-1, base), (-r, target), (r, base)])).effect) <= t * e.se]
+    assert v.ci_low == pytest.approx(min(inside), abs=2e-4) and v.ci_high == pytest.approx(max(inside), abs=2e-4)
+
+
+def test_smallest_detectable_effect_has_80_percent_power():
+    """Simulate 3-seed arms whose true difference equals the design's mde: about 80 % of the intervals exclude 0."""
+    rng = np.random.default_rng(0)
+    sd, n = 1.0, 3
+    design = difference(arm(rng.normal(0, sd, n)), arm(rng.normal(0, sd, n)))
+    mde = (stats.t.ppf(0.975, 2 * n - 2) + stats.t.ppf(0.8, 2 * n - 2)) * sd * math.sqrt(2 / n)
+    hits = 0
+    for _ in range(3000):
+        e = difference(arm(rng.normal(mde, sd, n)), arm(rng.normal(0, sd, n)))
+        hits += e.ci_low > 0
+    assert 0.70 < hits / 3000 < 0.85   # Welch's df is below 2n-2 on average, so power is a little under 80 %
+    assert design.mde > 0
+
+
+def test_verdict_words_follow_the_interval():
+    assert greater(difference(reported(85.7), reported(83.0))).verdict == "holds"
+    assert within(difference(arm([1.0, 1.1, 0.9]), arm([1.05, 0.95, 1.0])), 0.5).verdict == "holds"
+    sd, df = pooled_sd([arm([1.0, 2.0]), arm([3.0, 5.0])])
+    assert df == 2 and sd == pytest.approx(math.sqrt((0.5 + 2.0) / 2))
