@@ -69,6 +69,8 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        umask = os.umask(0); os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)   # mkstemp's 0600 would make outputs unreadable to other users
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()

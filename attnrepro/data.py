@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_data.ipynb #85293483
 from __future__ import annotations
-import hashlib, io, json, os, shutil, tarfile, tempfile, warnings, zipfile
+import hashlib, io, json, os, shutil, tarfile, tempfile, warnings, zipfile, zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,7 +219,9 @@ register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     Source("tiny-imagenet-200.zip", _decode_tiny_zip),
     Source("tiny-imagenet-200-s200.zip", _decode_tiny_zip)],
     "download the official http://cs231n.stanford.edu/tiny-imagenet-200.zip into a data root (or unzip it "
-    "there); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere", inclusive_boxes=True))
+    "there), or use the project's subset archive `tiny-imagenet-200-s200.zip` (200 train images per class + the "
+    "full val set, in ../shared/data); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere",
+    inclusive_boxes=True))
 register_dataset(DatasetSpec("cifar10-sample", ("train", "test"),
     [Source("cifar10-sample.tar.gz", _decode_cifar_jpg_tar)], "it ships with the package: reinstall attnrepro",
     embedded=True))
@@ -247,7 +249,11 @@ def _decoded_dir(spec: DatasetSpec, src: Source, path: Path) -> Path:
            else hashlib.sha256(str(path.resolve()).encode()).hexdigest())[:16]
     dest = cache_dir("decoded") / f"{spec.name}-{key}"
     if not (dest / "meta.json").exists():
-        splits = src.decode(path)
+        try: splits = src.decode(path)
+        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, KeyError, OSError) as e:
+            raise ChecksumError(f"{path} could not be read as {spec.name!r} ({type(e).__name__}: {e}): the archive is "
+                                f"corrupt, truncated or of another layout. Replace it with a fresh copy, or remove it to "
+                                f"fall back to the next data root. To get it: {spec.how_to_get}.") from e
         _save_decoded(dest, splits)
         (dest / "meta.json").write_text(json.dumps({"source": str(path), "splits": list(splits)}))
     return dest
@@ -304,12 +310,27 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
     return ArrayImageDataset(images, targets, extra["classes"], transform, boxes=boxes, name=name, split=split,
                              source=where)
 
+def _readable(src: Source, path: Path) -> bool:
+    "A cheap check that an archive opens (the full sha256 check happens on first use)."
+    if src.kind != "archive": return True
+    if path.name.endswith(".zip"):
+        if not zipfile.is_zipfile(path): return False
+        try:
+            with zipfile.ZipFile(path) as zf: return bool(zf.namelist())
+        except (zipfile.BadZipFile, OSError): return False
+    try:
+        with tarfile.open(path) as tf: return tf.next() is not None
+    except (tarfile.TarError, EOFError, zlib.error, OSError): return False
+
 def list_datasets() -> dict:
-    "Each dataset name with its splits and where it would be loaded from (None: not available here)."
+    """Each dataset name with its splits and where it would be loaded from (None: not available here); an archive
+    that does not open is reported as `CORRUPT: <path>`."""
     out = {}
     for n, spec in DATASETS.items():
         src, where = (None, None) if n == "digits" else _find_source(spec, None)
-        out[n] = {"splits": list(spec.splits), "found": "sklearn" if n == "digits" else (str(where) if src else None)}
+        found = "sklearn" if n == "digits" else (None if src is None else str(where) if _readable(src, where)
+                                                  else f"CORRUPT: {where}")
+        out[n] = {"splits": list(spec.splits), "found": found}
     return out
 
 # %% ../nbs/01_data.ipynb #ff89efe9

@@ -92,6 +92,19 @@ def test_corrupt_archive_is_refused(tmp_path, monkeypatch):
     assert not list((tmp_path / "cache" / "decoded").glob("cifar10-*"))  # nothing half-decoded left
 
 
+def test_corrupt_archive_without_pinned_hash_names_path_and_fix(tmp_path, monkeypatch):
+    """An archive whose name has no pinned sha256 (the official tiny-imagenet-200.zip) but that does not open: the
+    error names the file and how to get a good one, and `attnrepro datasets` reports it as corrupt, not found."""
+    bad = tmp_path / "tiny-imagenet-200.zip"
+    bad.write_bytes(b"PK\x03\x04 truncated")
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(data, "data_roots", lambda root=None: [tmp_path])
+    with pytest.raises(ChecksumError, match="tiny-imagenet-200.zip could not be read") as e:
+        get_dataset("tiny-imagenet", "val")
+    assert "BadZipFile" in str(e.value) and "fresh copy" in str(e.value) and "tiny-imagenet-200-s200.zip" in str(e.value)
+    assert data.list_datasets()["tiny-imagenet"]["found"] == f"CORRUPT: {bad}"
+
+
 def test_decode_once_into_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
     ds = get_dataset("cifar10-sample", "test")

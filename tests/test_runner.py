@@ -204,3 +204,12 @@ def test_readme_param_examples_are_settable_in_every_paper():
         for p, d in declared.items():
             assert k in d and k not in RUNNER_PARAMS, f"README example {ex!r}: {p} declares no parameter {k!r}"
             check_parameter(k, v, d[k])
+
+
+def test_atomic_writes_respect_the_umask(tmp_path):
+    import os, stat
+    from attnrepro.core import atomic_write_text
+    old = os.umask(0o022)
+    try: p = atomic_write_text(tmp_path / "x.md", "table")
+    finally: os.umask(old)
+    assert stat.S_IMODE(os.stat(p).st_mode) == 0o644   # like every other file, not mkstemp's 0600
