@@ -18,10 +18,14 @@ from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, projec
                              term_grads)
 
 # %% auto #0
-__all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'head_offsets', 'neighbourhood_matrices',
-           'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
-           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
-           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_']
+__all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'FAR_POINTS', 'SHARED_COST_POINTS', 'NO_SPREAD',
+           'CLAIM_TEXTS', 'head_offsets', 'neighbourhood_matrices', 'generalized_conv_matrix_form', 'GeneralizedConv2d',
+           'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers', 'AgentCNN', 'describe_agent', 'hint_loss',
+           'intermediate_loss', 'mutual_kd', 'bootstrap_method', 'sam_method', 'EntmaxBisect', 'entmax_bisect',
+           'sparse_attention_', 'beats', 'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse',
+           'claim_vit_above_agent', 'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd',
+           'claim_decay_helps', 'claim_sequence_beats_avgpool', 'claim_reslike_beats_base',
+           'claim_gain_larger_when_scarce']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -499,3 +503,105 @@ def sparse_attention_(vit: VisionTransformer, alpha: float = 1.5, learnable: boo
         attn.entmax_n_iter = int(n_iter)
         attn.forward = types.MethodType(_entmax_attention_forward, attn)
     return vit
+
+# %% ../nbs/13_bootstrapping.ipynb #c3081da2
+from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, untestable
+
+FAR_POINTS = 5.0          # "far above": the paper's smallest ViT-S gain is 7.82 (Table 1)
+SHARED_COST_POINTS = 2.0  # "little cost": the paper's ViT-S Shared is 1.42 / 0.69 below Joint
+NO_SPREAD = "one seed and no measured seed spread in this regime"
+
+CLAIM_TEXTS = {
+    "1a": f"Joint training lifts the ViT far (>= {FAR_POINTS:g} points) above the same ViT from scratch",
+    "1b": "The jointly trained ViT beats ViT-SAM and ViT-Sparse",
+    "1c": "After joint training ViT-S ends above its agent",
+    "2": f"Weight sharing costs ViT-S little (Shared at most {SHARED_COST_POINTS:g} points below Joint) and still beats scratch",
+    "3a": "Both loss terms help: each alone beats the baseline and both together beat each alone",
+    "3b": "The feature term helps more than mutual KD",
+    "3c": "Decaying the feature term helps (with and without KD)",
+    "3d": "Sequence interpolation beats 2-D average pooling as the adapter",
+    "4": "The res-like agent beats the base agent (alone, and as the ViT's partner)",
+    "5": "The gain of Joint over scratch is larger at every scarce fraction (below the largest) than at the largest, "
+         "and is a gain (> 0) there"}
+
+def _undecidable(arms: Sequence[Arm], label: str) -> Verdict | None:
+    "untestable when two sides are the same run, or a one-seed row has no seed sd (measured or borrowed)."
+    if len({id(a) for a in arms}) < len(arms): return untestable("both sides are the same run", label)
+    lone = [a.name for a in arms if a.n < 2 and a.sd_seed is None]
+    return untestable(f"{NO_SPREAD} ({', '.join(lone)})", label) if lone else None
+
+def beats(a: Arm, b: Arm, label: str = "", margin: float = 0.0) -> Verdict:
+    "Claim `a - b > margin`, decided on the 95 % interval; untestable when the noise is unknown or a is b."
+    label = label or f"{a.name} - {b.name}"
+    return _undecidable([a, b], label) or greater(difference(a, b, label), margin)
+
+def _all_of(parts: list[Verdict]) -> Verdict:
+    "all_of, in one line when no part has a seed noise (the whole profile ran one seed)."
+    if all(p.verdict == "untestable" and NO_SPREAD in p.statement for p in parts):
+        return untestable(f"{NO_SPREAD} (no row of this claim has a measured or borrowed seed sd)")
+    return all_of(parts)
+
+def arm_means(*arms: Arm) -> str:
+    "The rows' means for a claim's evidence, e.g. 'Joint 29.79, scratch 38.96 (1 seed each)'."
+    ns = sorted({a.n for a in arms})
+    seeds = f"{ns[0]} seed{'s' if ns[0] > 1 else ''} each" if len(ns) == 1 else "/".join(map(str, ns)) + " seeds"
+    return ", ".join(f"{a.name} {a.mean:.2f}" for a in arms) + f" ({seeds})"
+
+def claim_joint_lifts_vit(scratch: dict[str, Arm], joint: dict[str, Arm], margin: float = FAR_POINTS) -> Verdict:
+    "1a: on every dataset (dict dataset -> Arm), Joint's ViT - the ViT from scratch > `margin` points."
+    return _all_of([beats(joint[d], scratch[d], f"{d}: Joint - scratch", margin) for d in scratch])
+
+def claim_joint_beats_sam_sparse(joint: dict[str, Arm], sam: dict[str, Arm], sparse: dict[str, Arm]) -> Verdict:
+    "1b: on every dataset, Joint's ViT beats ViT-SAM and beats ViT-Sparse."
+    return _all_of([beats(joint[d], other[d], f"{d}: Joint - {name}") for d in joint
+                   for name, other in (("SAM", sam), ("Sparse", sparse))])
+
+def claim_vit_above_agent(vit: dict[str, Arm], agent: dict[str, Arm]) -> Verdict:
+    """1c: on every dataset, the jointly trained ViT beats its own agent (both from the same runs, scored on the same
+    images: treating their test noise as independent makes the interval conservative)."""
+    return _all_of([beats(vit[d], agent[d], f"{d}: Joint ViT - its agent") for d in vit])
+
+def claim_sharing_costs_little(shared: dict[str, Arm], joint: dict[str, Arm], scratch: dict[str, Arm],
+                               margin: float = SHARED_COST_POINTS) -> Verdict:
+    "2: on every dataset, Shared - Joint > -`margin` (one-sided: Shared above Joint costs nothing) and Shared > scratch."
+    return _all_of([v for d in shared for v in (beats(shared[d], joint[d], f"{d}: Shared - Joint", -margin),
+                                               beats(shared[d], scratch[d], f"{d}: Shared - scratch"))])
+
+def claim_both_terms_help(baseline: Arm, kd_only: Arm, feat_only: Arm, both: Arm) -> Verdict:
+    "3a: KD only > baseline, Feat only > baseline, both > KD only and both > Feat only."
+    return _all_of([beats(kd_only, baseline, "KD only - baseline"), beats(feat_only, baseline, "Feat only - baseline"),
+                   beats(both, kd_only, "both - KD only"), beats(both, feat_only, "both - Feat only")])
+
+def claim_feat_beats_kd(feat_only: Arm, kd_only: Arm) -> Verdict:
+    "3b: the feature term alone beats mutual KD alone."
+    return beats(feat_only, kd_only, "Feat only - KD only")
+
+def claim_decay_helps(both: Arm, both_constant: Arm, feat_only: Arm, feat_constant: Arm) -> Verdict:
+    "3c: the decayed feature weight beats a constant one, with KD (both terms) and without (Feat only)."
+    return _all_of([beats(both, both_constant, "both: decay - constant"),
+                   beats(feat_only, feat_constant, "Feat only: decay - constant")])
+
+def claim_sequence_beats_avgpool(sequence: Arm, avgpool2d: Arm) -> Verdict:
+    "3d: Feat only with the 1-D sequence adapter beats Feat only with 2-D average pooling."
+    return beats(sequence, avgpool2d, "Feat only: sequence - AP-2D")
+
+def claim_reslike_beats_base(reslike_alone: Arm, base_alone: Arm, reslike_joint: Arm, base_joint: Arm) -> Verdict:
+    "4: the res-like agent beats the base agent trained alone, and the ViT trained with it beats the ViT trained with base."
+    return _all_of([beats(reslike_alone, base_alone, "agent alone: res-like - base"),
+                   beats(reslike_joint, base_joint, "joint ViT: res-like - base")])
+
+def claim_gain_larger_when_scarce(scratch: dict, joint: dict) -> Verdict:
+    """5 (restated: the paper's Table 3 gains are +19.41 / +21.62 / +7.96 at 5 / 10 / 50 %, largest at 10 %, not 5 %):
+    dicts fraction (%) -> Arm; at every fraction below the largest, the gain Joint - scratch is > 0 and exceeds the
+    gain at the largest fraction (the difference of differences, each row's noise counted once)."""
+    top = max(scratch)
+    parts = []
+    for f in sorted(scratch):
+        if f == top: continue
+        rows = [joint[f], scratch[f], joint[top], scratch[top]]
+        parts.append(_undecidable(rows[:2], f"gain at {f:g} %") or
+                     greater(contrast([(1, joint[f]), (-1, scratch[f])], f"gain at {f:g} %")))
+        parts.append(_undecidable(rows, f"gain at {f:g} % - gain at {top:g} %") or
+                     greater(contrast([(1, joint[f]), (-1, scratch[f]), (-1, joint[top]), (1, scratch[top])],
+                                      f"gain at {f:g} % - gain at {top:g} %")))
+    return _all_of(parts)
