@@ -149,7 +149,7 @@ def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimat
     "`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise)."
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
-# %% ../nbs/17_verdicts.ipynb #558633c4
+# %% ../nbs/17_verdicts.ipynb #8309b7c7
 @dataclass
 class Verdict:
     "A claim's verdict with the numbers that decided it; `str()` gives the printed line."
@@ -195,8 +195,8 @@ def within(est: Estimate, margin: float) -> Verdict:
     return _from(est, v, f"within +-{margin:g}")
 
 def untestable(reason: str, statement: str = "") -> Verdict:
-    "A comparison that cannot be made, with the reason."
-    return Verdict("untestable", f"{statement + ': ' if statement else ''}untestable: {reason}")
+    "A comparison that cannot be made, with the reason (printed as `<statement: >reason: untestable`)."
+    return Verdict("untestable", f"{statement + ': ' if statement else ''}{reason}")
 
 # %% ../nbs/17_verdicts.ipynb #321a9c15
 def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: str = "", level: float = LEVEL) -> Verdict:
