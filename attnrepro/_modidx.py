@@ -828,5 +828,6 @@ d = { 'settings': { 'branch': 'main',
                                     'attnrepro.verdicts.mean_ci': ('verdicts.html#mean_ci', 'attnrepro/verdicts.py'),
                                     'attnrepro.verdicts.pooled_sd': ('verdicts.html#pooled_sd', 'attnrepro/verdicts.py'),
                                     'attnrepro.verdicts.reported': ('verdicts.html#reported', 'attnrepro/verdicts.py'),
+                                    'attnrepro.verdicts.seeds_needed': ('verdicts.html#seeds_needed', 'attnrepro/verdicts.py'),
                                     'attnrepro.verdicts.untestable': ('verdicts.html#untestable', 'attnrepro/verdicts.py'),
                                     'attnrepro.verdicts.within': ('verdicts.html#within', 'attnrepro/verdicts.py')}}}

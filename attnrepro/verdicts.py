@@ -13,7 +13,7 @@ from scipy import stats
 
 # %% auto #0
 __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference', 'Verdict',
-           'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'mean_ci']
+           'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -245,3 +245,14 @@ def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
     v = np.asarray(values, dtype=float)
     if v.size < 2: return float(v.mean()), float("nan")
     return float(v.mean()), _tcrit(0.5 + level / 2, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
+
+# %% ../nbs/17_verdicts.ipynb #f4ea2999
+def seeds_needed(sd_seed: float, target_half_width: float, n_test: int | None = None, accuracy: float | None = None,
+                 max_seeds: int = 50) -> int | None:
+    """Smallest seeds per arm n (>= 2) with t(0.975, 2n - 2) * sqrt(2 sd^2 / n + 2 * test_var) <= target, where test_var
+    is the binomial variance of `accuracy` (%) on `n_test` images; None if even `max_seeds` do not suffice."""
+    if target_half_width <= 0: raise ValueError(f"target_half_width must be > 0, got {target_half_width}")
+    test_var = 0.0 if n_test is None else 1e4 * (accuracy / 100) * (1 - accuracy / 100) / n_test
+    for n in range(2, max_seeds + 1):
+        if _tcrit(0.975, 2 * n - 2) * math.sqrt(2 * sd_seed ** 2 / n + 2 * test_var) <= target_half_width: return n
+    return None
