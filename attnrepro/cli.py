@@ -4,7 +4,7 @@
 
 # %% ../nbs/09_cli.ipynb #ce0baf4c
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, os, sys
 
 from .report import PROFILES
 from .runner import PaperFailed, reproduce, status
@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--force", action="store_true", help="retrain runs even if a cached result exists")
     r.add_argument("--param", action="append", type=_parse_param, default=[], metavar="KEY=VALUE",
                    help="set a notebook parameter (repeatable)")
-    r.add_argument("--log-output", action="store_true", help="stream the notebooks' output (training progress bars)")
+    r.add_argument("--log-output", action="store_true", help="stream the notebooks' output (runs, progress, claims)")
+    r.add_argument("--device", help="train on this torch device (cpu, cuda, cuda:N; default: cuda when available)")
     sub.add_parser("list", help="papers, their expected tables/figures and what exists in outputs/")
     sub.add_parser("datasets", help="datasets and where each would be loaded from")
     rd = sub.add_parser("readme", help="regenerate the README's results table from outputs/<paper>/claims.csv")
@@ -65,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
                 import logging
                 logging.basicConfig(format="%(message)s")
                 logging.getLogger("papermill").setLevel(logging.INFO)
+            if args.device: os.environ["ATTNREPRO_DEVICE"] = args.device   # the notebooks' kernels inherit it
             res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output)
             failed = [p for p, r in res.items() if isinstance(r, PaperFailed)]
             for p, r in res.items():

@@ -37,9 +37,26 @@ def check_profile(profile: str) -> str:
         raise ValueError(f"Unknown profile {profile!r}; valid profiles: {list(PROFILES)}")
     return profile
 
-def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = None) -> dict:
+def _scale_epochs(node, scale: float):
+    "Multiply every recipe's `epochs` (at least 1) and `warmup_epochs` (kept below `epochs`) by `scale`, in place."
+    if isinstance(node, list):
+        for v in node: _scale_epochs(v, scale)
+    if not isinstance(node, dict): return
+    if isinstance(node.get("epochs"), int) and not isinstance(node["epochs"], bool) and scale != 1:
+        old = node["epochs"]
+        node["epochs"] = new = max(1, round(old * scale))
+        w = node.get("warmup_epochs")
+        if isinstance(w, (int, float)) and not isinstance(w, bool):
+            w2 = w * new / old
+            w2 = int(w2) if isinstance(w, int) and w2 == int(w2) else w2   # keep configs (and their hashes) tidy
+            node["warmup_epochs"] = w2 if w2 < new else 0.5 * new
+    for v in node.values(): _scale_epochs(v, scale)
+
+def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = None,
+                 epochs_scale: float | None = None) -> dict:
     """The recipe of `profile` from `papers/<short>/profiles.yaml`. `seeds` (the notebooks' `seeds` parameter)
-    replaces the seeds of the headline rows: the profile's top-level `seeds`, else each section's `seeds`."""
+    replaces the seeds of the headline rows: the profile's top-level `seeds`, else each section's `seeds`.
+    `epochs_scale` (the `epochs_scale` parameter) multiplies every recipe's epochs, e.g. 2.0 trains twice as long."""
     check_profile(profile)
     p = papers_dir(root) / short / "profiles.yaml"
     if not p.exists(): raise FileNotFoundError(f"{p} does not exist: paper {short!r} has no profiles yet")
@@ -55,6 +72,10 @@ def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = 
         if not holders:
             raise ValueError(f"the {profile!r} profile of {short!r} has no seed list to replace ({p})")
         for h in holders: h["seeds"] = list(seeds)
+    if epochs_scale is not None:
+        if isinstance(epochs_scale, bool) or not isinstance(epochs_scale, (int, float)) or not epochs_scale > 0:
+            raise ValueError(f"epochs_scale must be a number > 0, e.g. 2.0 (twice the epochs); got {epochs_scale!r}")
+        _scale_epochs(P, float(epochs_scale))
     return P
 
 def load_reported(short: str, table_id: str, root=None) -> pd.DataFrame:

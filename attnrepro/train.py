@@ -573,7 +573,15 @@ def _gather_rng(gen, mixup) -> list:
 
 # %% ../nbs/06_train.ipynb #d66e45ac
 def _resolve_device(device) -> torch.device:
-    if device is not None: return torch.device(device)
+    "`device`, else `$ATTNREPRO_DEVICE` (set by `attnrepro reproduce --device`), else CUDA when available, else CPU."
+    device = device if device is not None else os.environ.get("ATTNREPRO_DEVICE") or None
+    if device is not None:
+        try: device = torch.device(device)
+        except RuntimeError as e: raise ValueError(f"device {device!r} is not a torch device (use cpu, cuda or cuda:N)") from e
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} was asked for (argument or ATTNREPRO_DEVICE) but CUDA is not "
+                             "available here; use --device cpu")
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if _dist_on() else torch.cuda.current_device())
     return torch.device("cpu")

@@ -473,3 +473,18 @@ def test_torchrun_two_processes(tmp_path):
         assert 0 <= res["final"]["acc1"] <= 100
     assert (tmp_path / "ckpt" / CKPT_NAME).exists()
     assert not [f for f in (tmp_path / "ckpt").iterdir() if f.name != CKPT_NAME]
+
+
+def test_device_from_environment(monkeypatch):
+    """`attnrepro reproduce --device` reaches fit through ATTNREPRO_DEVICE; a bad or absent device is a clear error."""
+    import torch
+    from attnrepro.train import _resolve_device
+    monkeypatch.setenv("ATTNREPRO_DEVICE", "cpu")
+    assert _resolve_device(None) == torch.device("cpu")
+    monkeypatch.setenv("ATTNREPRO_DEVICE", "gpu0")
+    with pytest.raises(ValueError, match="'gpu0' is not a torch device"):
+        _resolve_device(None)
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("ATTNREPRO_DEVICE", "cuda")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            _resolve_device(None)
