@@ -475,19 +475,27 @@ def _check_finite(values: list[float], run: RunState, epoch: int, it: int, weigh
                 f"Non-finite loss at epoch {epoch} (0-based), step {it} of the epoch (global step {run.step}): "
                 f"term {t.name!r} = {v} (weight {weights[t.name]}). Training stopped; no step is skipped.")
 
-def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True) -> dict:
-    "Train one epoch; returns epoch means (all-reduced) of each term, the weighted total, train acc1 and the last lr."
+def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, start_it: int = 0,
+                    sums: torch.Tensor | None = None, after_skip: Callable | None = None,
+                    on_step: Callable | None = None) -> dict:
+    """Train one epoch; returns epoch means (all-reduced) of each term, the weighted total, train acc1 and the last lr.
+    A mid-epoch resume passes `start_it` (batches already trained: drawn in the same order and skipped), the running
+    `sums` and `after_skip` (restores the RNG state of the checkpoint); `on_step(it, sums)` runs after every step."""
     cfg, method = run.cfg, run.method
     weights = {t.name: t.weight_at(epoch) for t in method.terms}
     custom_backward = method.has_custom_backward()
     ddp = isinstance(run.train_model, nn.parallel.DistributedDataParallel)
     _set_train(run, True)
     n_terms = len(method.terms)
-    sums = torch.zeros(n_terms + 4, dtype=torch.float64)  # terms..., total, correct, n_acc, steps
-    bar = tqdm(loader, total=len(loader), desc=f"{method.name} epoch {epoch + 1}/{cfg.epochs}", leave=False,
-               dynamic_ncols=True, disable=not progress or _rank() != 0)
+    # terms..., total, correct, n_acc, steps
+    sums = torch.zeros(n_terms + 4, dtype=torch.float64) if sums is None else sums.clone()
+    batches = iter(loader)
+    for _ in range(start_it): next(batches)
+    if after_skip is not None: after_skip()
+    bar = tqdm(batches, total=len(loader), initial=start_it, desc=f"{method.name} epoch {epoch + 1}/{cfg.epochs}",
+               leave=False, dynamic_ncols=True, disable=not progress or _rank() != 0)
     lr = None
-    for it, batch in enumerate(bar):
+    for it, batch in enumerate(bar, start=start_it):
         lr = cosine_lr(run.step, run.steps_per_epoch, cfg.epochs, cfg.warmup_epochs, run.lr, cfg.min_lr)
         for g in run.optimizer.param_groups: g["lr"] = lr * g.get("lr_scale", 1.0)
         x, y = to_device(batch[0], run.device), batch[1].to(run.device, non_blocking=True)
@@ -536,6 +544,7 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True) ->
             correct, n_acc = topk_correct(ctx.logits.detach().float(), y, (1,))[0], len(y)
         sums += torch.tensor([*values, total, correct, n_acc, 1], dtype=torch.float64)
         bar.set_postfix(loss=f"{total:.4f}", acc=f"{100 * correct / max(n_acc, 1):.1f}", lr=f"{lr:.2e}")
+        if on_step is not None: on_step(it, sums)
     bar.close()
     sums = _all_reduce_sum(sums.to(run.device)).cpu().tolist()
     steps = sums[-1]
@@ -603,11 +612,13 @@ def _result(run: RunState, history, best, wall, resumed_from, n_params) -> dict:
 def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method | None = None,
         ckpt_dir: Path | str | None = None, progress: bool = True,
         evaluate_fn: Callable[[nn.Module, Any, torch.device], dict] | None = None,
-        device: torch.device | str | None = None) -> dict:
+        device: torch.device | str | None = None, ckpt_interval_s: float | None = None) -> dict:
     """Train `model` (in place) with `method` (default: supervised CE) and return a JSON-serialisable result:
     `final`/`best` val metrics, per-epoch `history`, `steps`, `wall_time_s`, param counts and `cfg_hash`.
     Resumes from `<ckpt_dir>/checkpoint.pth` when present. `evaluate_fn(model, val_loader, device) -> dict`
-    replaces top-1/top-5 evaluation (the best epoch is tracked on its `acc1` when present)."""
+    replaces top-1/top-5 evaluation (the best epoch is tracked on its `acc1` when present). Besides every epoch's end,
+    a single process also checkpoints inside an epoch every `ckpt_interval_s` seconds (default
+    `$ATTNREPRO_CKPT_INTERVAL_S` or 600), so that a kill loses minutes, not an epoch; the resume is exact."""
     method = method if method is not None else Method()
     method.validate()
     if not isinstance(cfg, TrainConfig): raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
@@ -647,7 +658,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
 
         # resume
         ckpt = Path(ckpt_dir) / CKPT_NAME if ckpt_dir is not None else None
-        start, history, best, wall, resumed_from = 0, [], None, 0.0, None
+        start, history, best, wall, resumed_from, mid = 0, [], None, 0.0, None, None
         if ckpt is not None and ckpt.exists():
             ck = load_checkpoint(ckpt)
             h = config_hash(cfg)
@@ -669,16 +680,38 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             set_rng_state(ck["rng"][rank], gen, mixup)
             start, run.step, history, best, wall = ck["epoch"], ck["step"], ck["history"], ck["best"], ck["wall_time_s"]
             resumed_from = start
+            if ck.get("it", 0):   # written inside epoch `start`: redraw its batch order, then skip what was trained
+                mid = ck
+                gen.set_state(ck["loader_epoch_start"])
             note_resumed(wall)   # a PaperRun around this fit adds the earlier sessions' time to the run's wall time
         if world > 1:
             run.train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None,
                 find_unused_parameters=method.find_unused_parameters)
 
+        interval = float(ckpt_interval_s if ckpt_interval_s is not None else os.environ.get("ATTNREPRO_CKPT_INTERVAL_S", 600))
+        def save(epoch, it=0, sums=None, loader_epoch_start=None, wall_s=0.0):
+            rngs = _gather_rng(gen, mixup)
+            if rank == 0:
+                atomic_torch_save(dict(
+                    format=1, cfg_hash=config_hash(cfg), method=method.name, epoch=epoch, step=run.step,
+                    model=model.state_dict(), extra={k: m.state_dict() for k, m in method.extra_modules.items()},
+                    optimizer=optimizer.state_dict(), ema=ema.state_dict() if ema is not None else None,
+                    method_state=method.state_dict(), rng=rngs, history=history, best=best, wall_time_s=wall_s,
+                    it=it, sums=sums, loader_epoch_start=loader_epoch_start), ckpt)
         for epoch in range(start, cfg.epochs):
             t0 = time.time()
             if hasattr(train_loader.sampler, "set_epoch"): train_loader.sampler.set_epoch(epoch)
-            row = dict(epoch=epoch, **train_one_epoch(run, train_loader, epoch, progress))
+            epoch_start, last_save = gen.get_state(), [time.time()]
+            def on_step(it, sums):   # a checkpoint inside the epoch (one process only: ranks would disagree on time)
+                if ckpt is None or world > 1 or it + 1 >= len(train_loader) or time.time() - last_save[0] < interval:
+                    return
+                save(epoch, it + 1, sums.tolist(), epoch_start, wall + time.time() - t0)
+                last_save[0] = time.time()
+            resume = dict(start_it=mid["it"], sums=torch.tensor(mid["sums"], dtype=torch.float64),
+                          after_skip=lambda ck=mid: set_rng_state(ck["rng"][rank], None, mixup)) if mid else {}
+            mid = None
+            row = dict(epoch=epoch, **train_one_epoch(run, train_loader, epoch, progress, on_step=on_step, **resume))
             if val_loader is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
                 row.update({f"val_{k}": v for k, v in _eval(model, val_loader, val_data, device, cfg, evaluate_fn).items()})
                 if ema is not None:
@@ -692,14 +725,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                 best = {k[4:]: v for k, v in row.items() if k.startswith("val_")} | {"epoch": epoch}
             wall += time.time() - t0
             if ckpt is not None:
-                rngs = _gather_rng(gen, mixup)
-                if rank == 0:
-                    atomic_torch_save(dict(
-                        format=1, cfg_hash=config_hash(cfg), method=method.name, epoch=epoch + 1, step=run.step,
-                        model=model.state_dict(), extra={k: m.state_dict() for k, m in method.extra_modules.items()},
-                        optimizer=optimizer.state_dict(), ema=ema.state_dict() if ema is not None else None,
-                        method_state=method.state_dict(), rng=rngs, history=history, best=best,
-                        wall_time_s=wall), ckpt)
+                save(epoch + 1, wall_s=wall)
                 if world > 1: dist.barrier()
             if progress and rank == 0:
                 msg = " ".join(f"{k}={v:.4g}" for k, v in row.items() if k in ("loss", "train_acc1", "val_acc1", "val_acc5", "lr"))

@@ -411,6 +411,48 @@ def test_resume_after_kill_is_exact(tmp_path):
     assert ra["final"] == rb["final"] and ra["steps"] == rb["steps"] == 4 * 4
 
 
+MID_EPOCH_SCRIPT = TOY + '''
+import os, sys, json
+import torch, torch.nn.functional as F
+torch.set_num_threads(1)
+from attnrepro.train import fit, TrainConfig, Method, ce_term
+
+ckpt_dir, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+model = tiny_vit(drop_path_rate=0.1)
+steps = [0]
+def after_step(ctx):
+    steps[0] += 1
+    if steps[0] == kill_at: os._exit(3)   # a hard kill inside an epoch, after the optimiser step
+method = Method([ce_term()], name="mid_epoch", after_step=after_step)
+cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-3, warmup_epochs=1, mixup=0.8, cutmix=1.0, label_smoothing=0.1, seed=3)
+res = fit(model, toy_data(64), toy_data(32, seed=1), cfg, method=method, ckpt_dir=ckpt_dir, progress=False,
+          ckpt_interval_s=0)   # checkpoint after every step
+torch.save(model.state_dict(), out + ".pt")
+json.dump(res, open(out + ".json", "w"))
+'''
+
+
+@pytest.mark.slow
+def test_mid_epoch_checkpoint_resumes_exactly(tmp_path):
+    """Killed inside an epoch, a run resumes from the last step's checkpoint (not the epoch start) and ends with the
+    same weights, history and accuracy as an uninterrupted run."""
+    script = tmp_path / "run.py"
+    script.write_text(MID_EPOCH_SCRIPT)
+    py = sys.executable
+    a = _run([py, str(script), str(tmp_path / "a"), str(tmp_path / "a_out"), "-1"])
+    assert a.returncode == 0, a.stderr
+    k = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "7"])   # step 7 = epoch 1, batch 3 of 4
+    assert k.returncode == 3, k.stderr
+    ck = load_checkpoint(tmp_path / "b" / CKPT_NAME)
+    assert (ck["epoch"], ck["it"], ck["step"]) == (1, 2, 6)   # written inside epoch 1, after its second batch
+    r = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "-1"])
+    assert r.returncode == 0, r.stderr
+    _assert_same(torch.load(tmp_path / "a_out.pt"), torch.load(tmp_path / "b_out.pt"))
+    ra, rb = json.loads((tmp_path / "a_out.json").read_text()), json.loads((tmp_path / "b_out.json").read_text())
+    strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
+    assert strip(ra["history"]) == strip(rb["history"]) and ra["final"] == rb["final"] and rb["steps"] == 12
+
+
 DDP_SCRIPT = TOY + '''
 import hashlib, json, os, sys
 import torch, torch.nn as nn, torch.nn.functional as F
