@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['JSD_MATCHINGS', 'topk_accuracy', 'ensemble_softmax', 'knn_accuracy', 'LinearProbe', 'linear_probe',
-           'extract_features', 'linear_cka', 'head_jsd', 'upsample_maps', 'max_box_acc', 'attention_mass_mask',
-           'boxes_to_mask', 'attention_mask_jaccard']
+           'extract_features', 'linear_cka', 'head_jsd', 'upsample_maps', 'max_box_acc', 'whole_image_box_acc',
+           'attention_mass_mask', 'boxes_to_mask', 'attention_mask_jaccard']
 
 # %% ../nbs/05_evaluate.ipynb #c5870f93
 def _tensor(x, name: str, dtype=torch.float32) -> torch.Tensor:
@@ -312,6 +312,14 @@ def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (
     out = {f"iou{100 * t:g}": float(a.max()) for t, a in zip(ious, acc)}
     out["mean"] = float(np.mean([a.max() for a in acc]))
     return out
+
+# %% ../nbs/05_evaluate.ipynb #429059e2
+def whole_image_box_acc(boxes: Sequence, h: int, w: int, iou_thresholds: Sequence[float] = (0.3, 0.5, 0.7)) -> dict:
+    """MaxBoxAcc's floor: the share (%) of images whose best ground-truth box overlaps the whole image with IoU >= t,
+    as `{"iou30": ..., "iou50": ..., "iou70": ...}` (the keys `max_box_acc` uses)."""
+    full = np.array([[0, 0, w, h]])
+    best = np.array([_box_iou(full, _check_boxes(b, h, w, "whole_image_box_acc"))[0].max() for b in boxes])
+    return {f"iou{round(100 * t)}": float(100 * (best >= t).mean()) for t in iou_thresholds}
 
 # %% ../nbs/05_evaluate.ipynb #f2b79b43
 def attention_mass_mask(attn, keep_mass: float = 0.6) -> torch.Tensor:
