@@ -213,3 +213,21 @@ def test_atomic_writes_respect_the_umask(tmp_path):
     try: p = atomic_write_text(tmp_path / "x.md", "table")
     finally: os.umask(old)
     assert stat.S_IMODE(os.stat(p).st_mode) == 0o644   # like every other file, not mkstemp's 0600
+
+
+def test_readme_cli_commands_parse_and_the_quick_ones_run(capsys):
+    """Every `attnrepro ...` command shown in the README parses with the real parser and its paper names exist; the
+    ones that train nothing (list, datasets, readme --check) run here."""
+    import re, shlex
+    from attnrepro.cli import build_parser
+    from attnrepro.core import project_root
+    from attnrepro.runner import known_papers
+    lines = [l.split("#")[0].strip() for l in (project_root() / "README.md").read_text().splitlines()]
+    cmds = [shlex.split(l[l.index("attnrepro ") + len("attnrepro "):]) for l in lines if re.search(r"\.venv/bin/attnrepro ", l)]
+    assert {c[0] for c in cmds} >= {"list", "reproduce", "datasets", "readme"}, cmds
+    for c in cmds:
+        args = build_parser().parse_args(c)
+        assert not getattr(args, "paper", None) or set(args.paper) <= set(known_papers()), c
+    assert main(["list"]) == 0 and "--param: seeds=None" in capsys.readouterr().out   # settable parameters shown
+    for c in (["datasets"], ["readme", "--check"]):
+        assert main(c) == 0, (c, capsys.readouterr())
