@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_data.ipynb #85293483
 from __future__ import annotations
-import hashlib, io, json, os, shutil, tarfile, tempfile, warnings, zipfile, zlib
+import functools, hashlib, io, json, os, shutil, tarfile, tempfile, warnings, zipfile, zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,11 +16,11 @@ from tqdm import tqdm
 from .core import PACKAGE_DIR, cache_dir, project_root
 
 # %% auto #0
-__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'DATASETS', 'IMAGENET_MEAN', 'IMAGENET_STD', 'AUGMENT_PRESETS',
-           'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive', 'ArrayImageDataset',
-           'FileImageDataset', 'Source', 'DatasetSpec', 'register_dataset', 'get_dataset', 'list_datasets',
-           'LabelledSubset', 'class_balanced_subset', 'eval_transform', 'train_crop', 'rand_augment', 'train_transform',
-           'make_embedded_sample']
+__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'IMAGENET_MEAN', 'IMAGENET_STD',
+           'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive',
+           'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec', 'register_dataset',
+           'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset', 'eval_transform', 'train_crop',
+           'rand_augment', 'train_transform', 'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -142,12 +142,12 @@ def _decode_cifar_jpg_tar(archive: Path) -> dict:
         out[split] = (images, [CIFAR10_CLASSES.index(c) for c, _, _ in items], {"classes": CIFAR10_CLASSES})
     return out
 
-def _decode_cifar_torchvision(folder: Path) -> dict:
-    "A torchvision `cifar-10-batches-py` folder (pickles)."
-    from torchvision.datasets import CIFAR10
+def _decode_cifar_torchvision(folder: Path, tv_class: str = "CIFAR10") -> dict:
+    "A torchvision `cifar-10-batches-py` (or, with tv_class='CIFAR100', `cifar-100-python`) folder (pickles)."
+    import torchvision.datasets as tvd
     out = {}
     for split, train in [("train", True), ("test", False)]:
-        ds = CIFAR10(str(folder.parent), train=train, download=False)
+        ds = getattr(tvd, tv_class)(str(folder.parent), train=train, download=False)
         out[split] = (np.asarray(ds.data, np.uint8), list(ds.targets), {"classes": list(ds.classes)})
     return out
 
@@ -185,13 +185,161 @@ def _decode_tiny_folder(folder: Path) -> dict:
     names = [str(p.relative_to(folder.parent)).replace(os.sep, "/") for p in folder.rglob("*") if p.is_file()]
     return _read_tiny_imagenet(lambda rel: (folder.parent / rel).read_bytes(), names)
 
+# %% ../nbs/01_data.ipynb #f1a2b3c5
+def _layout_error(spec, problem: str) -> DataNotFoundError:
+    return DataNotFoundError(f"{problem}. Expected layout of {spec.name!r}: {spec.layout}. To get it: {spec.how_to_get}.")
+
+def _load_imagenet(folder: Path, split: str, transform, spec):
+    "ImageNet as torchvision's ImageFolder reads it, `<folder>/<split>/<wnid>/*.JPEG`; files decoded on access."
+    from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+    split_dir = folder / split
+    if not split_dir.is_dir():
+        raise _layout_error(spec, f"{folder} has no {split}/ folder")
+    flat = next((p for p in split_dir.iterdir() if p.is_file() and p.suffix.lower() in IMG_EXTENSIONS), None)
+    if flat is not None:  # the val tar unpacks flat; it has to be sorted into class folders first
+        raise _layout_error(spec, f"{split_dir} holds images directly (e.g. {flat.name}) instead of one folder per "
+                                  f"class; sort them into {split}/<wnid>/ with the ground-truth labels (e.g. "
+                                  "pytorch/examples' imagenet/extract_ILSVRC.sh)")
+    # class indices come from train/, so that train and val agree even where val lacks a class (a partial copy)
+    class_dir = folder / "train" if (folder / "train").is_dir() else split_dir
+    try:
+        classes, class_to_idx = find_classes(str(class_dir))
+        extra = sorted({d.name for d in split_dir.iterdir() if d.is_dir()} - set(classes))
+        if extra:
+            raise _layout_error(spec, f"{split_dir} has class folders that train/ lacks: {extra[:8]}")
+        samples = make_dataset(str(split_dir), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=class_dir != split_dir)
+    except FileNotFoundError as e:  # torchvision: no class folder, or a class folder without images
+        if isinstance(e, DataNotFoundError): raise
+        raise _layout_error(spec, f"{split_dir}: {e}") from e
+    # a numpy array of paths, not a list of str: DataLoader workers then share it without copy-on-refcount
+    files = np.array([p for p, _ in samples])
+    return FileImageDataset(files, [t for _, t in samples], classes, transform, name=spec.name, split=split,
+                            source=folder)
+
+def _torchvision_files(tv_class: str, **kw):
+    "A loader reading torchvision's `tv_class` folder (download=False) into a `FileImageDataset` (decoded on access)."
+    def load(folder: Path, split: str, transform, spec):
+        import torchvision.datasets as tvd
+        try:
+            ds = getattr(tvd, tv_class)(str(folder.parent), split=split, download=False, **kw)
+        except (RuntimeError, OSError, KeyError, ValueError) as e:  # torchvision's "Dataset not found", missing .mat files
+            raise _layout_error(spec, f"{folder} exists but torchvision's {tv_class} cannot read it "
+                                      f"({type(e).__name__}: {e})") from e
+        # torchvision keeps the file list privately, under a name that differs per class
+        if hasattr(ds, "_samples"): files, labels = [p for p, _ in ds._samples], [t for _, t in ds._samples]
+        elif hasattr(ds, "_labels") and (hasattr(ds, "_image_files") or hasattr(ds, "_images")):
+            files, labels = ds._image_files if hasattr(ds, "_image_files") else ds._images, ds._labels
+        else:
+            raise RuntimeError(f"torchvision's {tv_class} keeps its file list under a name attnrepro does not know "
+                               "(written against torchvision 0.29: `_samples`, or `_image_files`/`_images` + `_labels`)")
+        return FileImageDataset(np.array([str(f) for f in files]), labels, ds.classes, transform, name=spec.name,
+                                split=split, source=folder)
+    return load
+
+def _torchvision_download(tv_class: str, **kw):
+    "Let torchvision download `tv_class` into `root` (only when ATTNREPRO_DOWNLOAD=1 or download=True)."
+    def download(root: Path):
+        import torchvision.datasets as tvd
+        getattr(tvd, tv_class)(str(root), download=True, **kw)
+    return download
+
+def _read_rows(folder: Path, fname: str) -> list[list[str]]:
+    return [l.split(maxsplit=1) if fname in ("images.txt", "classes.txt") else l.split()
+            for l in (folder / fname).read_text().splitlines() if l.strip()]
+
+CUB_FILES = ("images.txt", "image_class_labels.txt", "train_test_split.txt", "classes.txt")
+
+def _load_cub(folder: Path, split: str, transform, spec):
+    "CUB-200-2011 from its official folder; boxes from `bounding_boxes.txt` (x, y, w, h) as (x, y, x + w, y + h)."
+    missing = [f for f in CUB_FILES + ("images",) if not (folder / f).exists()]
+    if missing:
+        raise _layout_error(spec, f"{folder} lacks {missing}")
+    path = {int(i): p.strip() for i, p in _read_rows(folder, "images.txt")}
+    label = {int(i): int(c) - 1 for i, c in _read_rows(folder, "image_class_labels.txt")}  # files count from 1
+    is_train = {int(i): t == "1" for i, t in _read_rows(folder, "train_test_split.txt")}
+    classes = [n.strip() for _, n in sorted((int(i), n) for i, n in _read_rows(folder, "classes.txt"))]
+    ids = sorted(i for i in path if is_train[i] == (split == "train"))
+    boxes = None
+    if (folder / "bounding_boxes.txt").is_file():
+        xywh = {int(r[0]): [float(v) for v in r[1:5]] for r in _read_rows(folder, "bounding_boxes.txt")}
+        boxes = [np.array([[round(x), round(y), round(x + w), round(y + h)]], dtype=np.int64)
+                 for x, y, w, h in (xywh[i] for i in ids)]
+    files = np.array([str(folder / "images" / path[i]) for i in ids])
+    return FileImageDataset(files, [label[i] for i in ids], classes, transform, boxes=boxes, name=spec.name,
+                            split=split, source=folder)
+
+def _voc_boxes(xml_path) -> np.ndarray:
+    "Every object's box of a PASCAL-VOC xml file, (k, 4) int64 (x0, y0, x1, y1)."
+    import xml.etree.ElementTree as ET
+    root = ET.parse(xml_path).getroot()
+    return np.array([[int(float(o.find(f"bndbox/{t}").text)) for t in ("xmin", "ymin", "xmax", "ymax")]
+                     for o in root.iter("object")], dtype=np.int64).reshape(-1, 4)
+
+class LazyBoxes:
+    "A list of per-image boxes read from annotation files on first access (Stanford Dogs has 20k of them)."
+    def __init__(self, files, read=_voc_boxes):
+        self.files, self.read, self._cache = list(files), read, {}
+    def __len__(self): return len(self.files)
+    def __getitem__(self, i):
+        if isinstance(i, slice): return [self[j] for j in range(*i.indices(len(self)))]
+        i = range(len(self))[i]  # negative indices, IndexError past the end
+        if i not in self._cache: self._cache[i] = self.read(self.files[i])
+        return self._cache[i]
+    def __iter__(self): return (self[i] for i in range(len(self)))
+
+def _load_stanford_dogs(folder: Path, split: str, transform, spec):
+    "Stanford Dogs from its official archives unpacked in one folder: Images/, Annotation/, {train,test}_list.mat."
+    from scipy.io import loadmat
+    lists = next((d for d in (folder, folder / "lists") if (d / f"{split}_list.mat").is_file()), None)
+    if lists is None or not (folder / "Images").is_dir():
+        raise _layout_error(spec, f"{folder} lacks " + " and ".join(
+            (["Images/"] if not (folder / "Images").is_dir() else []) +
+            ([f"{split}_list.mat (in it or in lists/)"] if lists is None else [])))
+    m = loadmat(str(lists / f"{split}_list.mat"), squeeze_me=True)
+    rel = [str(f) for f in np.atleast_1d(m["file_list"])]
+    labels = [int(l) - 1 for l in np.atleast_1d(m["labels"])]  # the lists count breeds from 1
+    # label k names the k-th breed folder in sorted order (n02085620-Chihuahua first): check, do not assume
+    classes = sorted(d.name for d in (folder / "Images").iterdir() if d.is_dir())
+    wrong = [f for f, l in zip(rel, labels) if not 0 <= l < len(classes) or f.split("/")[0] != classes[l]]
+    if wrong:
+        raise _layout_error(spec, f"{lists / f'{split}_list.mat'} labels {len(wrong)} files with a breed other than "
+                                  f"their Images/ folder (e.g. {wrong[0]}); is Images/ complete?")
+    boxes = None
+    if (folder / "Annotation").is_dir():  # one xml per image, named like the image without its extension
+        boxes = LazyBoxes([folder / "Annotation" / f.rsplit(".", 1)[0] for f in rel])
+    return FileImageDataset(np.array([str(folder / "Images" / f) for f in rel]), labels, classes, transform,
+                            boxes=boxes, name=spec.name, split=split, source=folder)
+
+def _extract_once(archive: Path, spec) -> Path:
+    "Unpack a tar archive once into the cache (keyed by its sha256); nothing is written into a data root."
+    key = verify_archive(archive)[:16]
+    dest = cache_dir("extracted") / f"{spec.name}-{key}"
+    if not dest.is_dir():
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
+        try:
+            with tarfile.open(archive) as tf: tf.extractall(tmp, filter="data")
+            os.replace(tmp, dest)
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ChecksumError(f"{archive} could not be unpacked ({type(e).__name__}: {e}): corrupt or truncated. "
+                                f"Replace it with a fresh copy. To get it: {spec.how_to_get}.") from e
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return dest
+
+def _from_archive(load, top: str):
+    "A loader for an archive holding the folder `top` that `load` reads."
+    return lambda archive, split, transform, spec: load(_extract_once(archive, spec) / top, split, transform, spec)
+
 # %% ../nbs/01_data.ipynb #0eac1750
 @dataclass
 class Source:
-    "One way to find a dataset inside a data root: a file or folder name and its decoder."
+    "One way to find a dataset inside a data root: a file or folder name and its decoder (or lazy loader)."
     relpath: str
-    decode: callable
+    decode: callable  # path -> {split: (images, targets, extra)}, decoded once into the cache (small images)
     kind: str = "archive"  # or "folder"
+    load: callable = None  # (path, split, transform, spec) -> dataset reading the files on access (full-size images)
 
 @dataclass
 class DatasetSpec:
@@ -201,6 +349,8 @@ class DatasetSpec:
     how_to_get: str
     embedded: bool = False  # looked for in the package's sample_data only
     inclusive_boxes: bool = False  # stored boxes name their last pixel (Tiny-ImageNet); loaded as exclusive ends
+    layout: str = ""  # the expected files, named in the not-found error
+    download: callable = None  # root -> None: fetch into `root`, only with ATTNREPRO_DOWNLOAD=1 or download=True
 
 DATASETS: dict[str, DatasetSpec] = {}
 
@@ -213,7 +363,8 @@ register_dataset(DatasetSpec("cifar10", ("train", "test"), [
     Source("cifar10-jpg.tar.gz", _decode_cifar_jpg_tar)],
     "put torchvision's `cifar-10-batches-py` folder or `cifar10-jpg.tar.gz` in a data root, or set "
     "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it; `cifar10-sample` "
-    "(embedded, 10 classes x 30 train / 10 test images) runs offline anywhere"))
+    "(embedded, 10 classes x 30 train / 10 test images) runs offline anywhere",
+    download=_torchvision_download("CIFAR10")))
 register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     Source("tiny-imagenet-200", _decode_tiny_folder, "folder"),
     Source("tiny-imagenet-200.zip", _decode_tiny_zip),
@@ -231,6 +382,62 @@ register_dataset(DatasetSpec("tiny-imagenet-sample", ("train", "val"),
 register_dataset(DatasetSpec("imagenet-samples", ("val",), [Source("imagenet-samples-100.zip", None)],
     "put `imagenet-samples-100.zip` (100 ImageNet val-style images, one per 10th class) in a data root"))
 register_dataset(DatasetSpec("digits", ("train", "test"), [], "it ships with scikit-learn"))
+
+# %% ../nbs/01_data.ipynb #f1a2b3c6
+_IMAGENET_GET = ("get ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar from https://image-net.org/download.php "
+                 "(free account, non-commercial terms), untar the train tar and each per-class tar inside it, and sort "
+                 "val into class folders (pytorch/examples' imagenet/extract_ILSVRC.sh does both)")
+register_dataset(DatasetSpec("imagenet", ("train", "val"), [
+    Source("imagenet", None, "folder", load=_load_imagenet),
+    Source("ILSVRC2012", None, "folder", load=_load_imagenet)],
+    _IMAGENET_GET,
+    layout="a folder `imagenet/` (or `ILSVRC2012/`) in a data root holding train/<wnid>/*.JPEG and "
+           "val/<wnid>/*.JPEG (torchvision ImageFolder; classes = the sorted wnids, 1000 for ImageNet-1k)"))
+register_dataset(DatasetSpec("cifar100", ("train", "test"), [
+    Source("cifar-100-python", functools.partial(_decode_cifar_torchvision, tv_class="CIFAR100"), "folder")],
+    "the python version from https://www.cs.toronto.edu/~kriz/cifar.html (cifar-100-python.tar.gz, untarred), or "
+    "set ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it",
+    layout="torchvision's `cifar-100-python/` folder (train, test, meta pickles) in a data root",
+    download=_torchvision_download("CIFAR100")))
+register_dataset(DatasetSpec("stanford_cars", ("train", "test"), [
+    Source("stanford_cars", None, "folder", load=_torchvision_files("StanfordCars"))],
+    "torchvision can no longer download it (the original URL is gone): copy the Stanford Cars files (e.g. the "
+    "Kaggle mirror of the original release) into that layout",
+    layout="torchvision's `stanford_cars/` folder in a data root: devkit/{cars_meta.mat, cars_train_annos.mat}, "
+           "cars_train/, cars_test/, cars_test_annos_withlabels.mat"))
+register_dataset(DatasetSpec("fgvc_aircraft", ("train", "val", "trainval", "test"), [
+    Source("fgvc-aircraft-2013b", None, "folder", load=_torchvision_files("FGVCAircraft", annotation_level="variant"))],
+    "fgvc-aircraft-2013b.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/fgvc-aircraft/ (untarred), or set "
+    "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it",
+    layout="torchvision's `fgvc-aircraft-2013b/` folder in a data root: data/images/*.jpg, data/variants.txt, "
+           "data/images_variant_<split>.txt (100 variants)",
+    download=_torchvision_download("FGVCAircraft")))
+register_dataset(DatasetSpec("oxford_pet", ("trainval", "test"), [
+    Source("oxford-iiit-pet", None, "folder", load=_torchvision_files("OxfordIIITPet"))],
+    "images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ (untarred into "
+    "oxford-iiit-pet/), or set ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads them",
+    layout="torchvision's `oxford-iiit-pet/` folder in a data root: images/*.jpg, annotations/{trainval,test}.txt "
+           "(37 breeds)",
+    download=_torchvision_download("OxfordIIITPet")))
+register_dataset(DatasetSpec("flowers102", ("train", "val", "test"), [
+    Source("flowers-102", None, "folder", load=_torchvision_files("Flowers102"))],
+    "102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/, or set "
+    "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads them",
+    layout="torchvision's `flowers-102/` folder in a data root: jpg/image_NNNNN.jpg, imagelabels.mat, setid.mat",
+    download=_torchvision_download("Flowers102")))
+register_dataset(DatasetSpec("cub200", ("train", "test"), [
+    Source("CUB_200_2011", None, "folder", load=_load_cub),
+    Source("CUB_200_2011.tgz", None, "archive", load=_from_archive(_load_cub, "CUB_200_2011"))],
+    "CUB_200_2011.tgz from https://www.vision.caltech.edu/datasets/cub_200_2011/ (data.caltech.edu record "
+    "65de6-vp158); put the archive or its unpacked `CUB_200_2011/` folder in a data root",
+    layout="the official `CUB_200_2011/` folder (or `CUB_200_2011.tgz`, unpacked once into the cache): images.txt, "
+           "image_class_labels.txt, train_test_split.txt, classes.txt, bounding_boxes.txt, images/<class>/*.jpg"))
+register_dataset(DatasetSpec("stanford_dogs", ("train", "test"), [
+    Source("stanford_dogs", None, "folder", load=_load_stanford_dogs)],
+    "images.tar, annotation.tar and lists.tar from http://vision.stanford.edu/aditya86/ImageNetDogs/, all three "
+    "untarred into one folder `stanford_dogs/`",
+    layout="a folder `stanford_dogs/` in a data root: Images/<wnid>-<breed>/*.jpg, Annotation/<wnid>-<breed>/<image "
+           "name> (PASCAL-VOC xml boxes), train_list.mat and test_list.mat (top level or in lists/)"))
 
 # %% ../nbs/01_data.ipynb #a329be1d
 def _find_source(spec: DatasetSpec, root) -> tuple[Source, Path] | tuple[None, list[str]]:
@@ -258,12 +465,6 @@ def _decoded_dir(spec: DatasetSpec, src: Source, path: Path) -> Path:
         (dest / "meta.json").write_text(json.dumps({"source": str(path), "splits": list(splits)}))
     return dest
 
-def _download_cifar10() -> Path:
-    from torchvision.datasets import CIFAR10
-    root = cache_dir("data")
-    CIFAR10(str(root), train=True, download=True)
-    return root / "cifar-10-batches-py"
-
 def _digits(split: str, transform):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -288,8 +489,8 @@ def _imagenet_samples(path: Path, transform):
                             name="imagenet-samples", split="val", source=path)
 
 def get_dataset(name: str, split: str, root: Path | str | None = None, transform=None, download: bool | None = None):
-    """Dataset `name` ('cifar10', 'tiny-imagenet', 'imagenet-samples', 'digits', 'cifar10-sample',
-    'tiny-imagenet-sample') for `split`; items are `(transform(PIL image), int label)`."""
+    """Dataset `name` (see `list_datasets()`) for `split`; items are `(transform(PIL image), int label)`; `.targets`,
+    `.classes` and, where the data has them, `.boxes` (x0, y0, x1, y1), ends exclusive."""
     if name not in DATASETS:
         raise ValueError(f"Unknown dataset {name!r}; valid names: {sorted(DATASETS)}")
     spec = DATASETS[name]
@@ -297,11 +498,15 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
         raise ValueError(f"Dataset {name!r} has no split {split!r}; valid splits: {list(spec.splits)}")
     if name == "digits": return _digits(split, transform)
     src, where = _find_source(spec, root)
-    if src is None and name == "cifar10" and (download or (download is None and os.environ.get("ATTNREPRO_DOWNLOAD") == "1")):
-        src, where = spec.sources[0], _download_cifar10()
+    if src is None and spec.download is not None and \
+            (download or (download is None and os.environ.get("ATTNREPRO_DOWNLOAD") == "1")):
+        spec.download(cache_dir("data"))  # the last data root, so the search below finds it
+        src, where = _find_source(spec, root)
     if src is None:
         raise DataNotFoundError(f"Dataset {name!r} not found. Looked in:\n  " + "\n  ".join(where) +
+                                (f"\nExpected layout: {spec.layout}." if spec.layout else "") +
                                 f"\nTo get it: {spec.how_to_get}.")
+    if src.load is not None: return src.load(where, split, transform, spec)
     if name == "imagenet-samples": return _imagenet_samples(where, transform)
     images, targets, extra = _load_decoded(_decoded_dir(spec, src, where), split)
     boxes = [np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in extra["boxes"]] if "boxes" in extra else None

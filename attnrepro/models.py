@@ -5,6 +5,7 @@
 # %% ../nbs/03_models.ipynb #5b941d7a
 from __future__ import annotations
 import difflib, hashlib, inspect, json, os, re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -24,11 +25,12 @@ from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir,
 
 # %% auto #0
 __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS',
-           'CHECKPOINT_SUFFIXES', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1', 'BUILTIN_TEACHERS',
+           'CHECKPOINT_SUFFIXES', 'KEY_MAPS', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1', 'BUILTIN_TEACHERS',
            'pit_stage_depths', 'create_student', 'describe_model', 'count_flops', 'LegacyBatchNorm2d', 'ShortcutA',
-           'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError', 'unwrap_state_dict', 'read_state_dict',
-           'load_state_dict_strict', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'arch_config', 'build_model',
-           'efficientnet_lite0_weights_path', 'map_lite0_state_dict', 'teacher_names', 'load_teacher', 'save_teacher',
+           'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError', 'unwrap_state_dict', 'read_checkpoint',
+           'read_state_dict', 'load_state_dict_strict', 'KeyMap', 'map_checkpoint', 'verify_hash_prefix',
+           'find_cifar_resnet_weights', 'arch_config', 'build_model', 'efficientnet_lite0_weights_path',
+           'map_lite0_state_dict', 'teacher_names', 'load_teacher', 'teacher_record', 'save_teacher',
            'intermediate_features', 'block_names', 'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
@@ -255,7 +257,7 @@ def cifar_resnet(depth: int, num_classes: int = 10) -> CifarResNet:
 class CheckpointError(RuntimeError):
     "A checkpoint could not be read, is corrupt, or does not fit the model."
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".th", ".bin")
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".th", ".bin", ".tar")  # MoCo-v3 ships torch.save files as *.pth.tar
 
 def _keys(keys, n: int = 12) -> str:
     keys = list(keys)
@@ -277,8 +279,8 @@ def unwrap_state_dict(obj, source: str = "checkpoint") -> dict[str, torch.Tensor
         sd = {k[len("module."):]: v for k, v in sd.items()}
     return dict(sd)
 
-def read_state_dict(path: Path | str, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
-    "Tensors of a `.safetensors` or torch (`.pth/.pt/.th/.bin`) checkpoint on the CPU; `CheckpointError` naming the file if unreadable."
+def read_checkpoint(path: Path | str, trust_pickle: bool = False):
+    "The object saved in a `.safetensors` or torch (`.pth/.pt/.th/.bin/.tar`) checkpoint, on the CPU; `CheckpointError` naming the file if unreadable."
     path = Path(path).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"No checkpoint file {path}")
@@ -298,7 +300,11 @@ def read_state_dict(path: Path | str, trust_pickle: bool = False) -> dict[str, t
                 if "weights_only" in str(e) and not trust_pickle else "")
         raise CheckpointError(f"Could not read torch checkpoint {path} (corrupt or truncated?): "
                               f"{type(e).__name__}: {str(e)[:300]}.{hint}") from e
-    return unwrap_state_dict(obj, str(path))
+    return obj
+
+def read_state_dict(path: Path | str, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
+    "Tensors of a `.safetensors` or torch checkpoint (see `read_checkpoint`, `unwrap_state_dict`) on the CPU."
+    return unwrap_state_dict(read_checkpoint(path, trust_pickle), str(Path(path).expanduser()))
 
 def load_state_dict_strict(model: nn.Module, state_dict: dict, source: str = "state dict") -> nn.Module:
     "Load `state_dict` into `model`; any missing / unexpected key or shape mismatch raises `CheckpointError` naming the keys."
@@ -313,6 +319,45 @@ def load_state_dict_strict(model: nn.Module, state_dict: dict, source: str = "st
         raise CheckpointError(f"{source} does not fit {type(_unwrap(model)).__name__}: " + "; ".join(parts))
     model.load_state_dict(state_dict, strict=True)
     return model
+
+# %% ../nbs/03_models.ipynb #e7c1d2a1
+@dataclass(frozen=True)
+class KeyMap:
+    "Where a backbone's timm-named weights sit inside another project's checkpoint file."
+    checkpoint_key: str | None  # the entry of the checkpoint dict holding the state dict (None: the dict itself)
+    prefix: str                 # the backbone's key prefix, removed (also when 'module.' precedes it)
+    drop: tuple = ()            # key prefixes, after `prefix` is removed, of weights a teacher does not use
+    note: str = ""
+
+KEY_MAPS: dict[str, KeyMap] = {
+    "mocov3": KeyMap("state_dict", "base_encoder.", ("head.",),
+        "facebookresearch/moco-v3 `vit-{s,b}-300ep.pth.tar`: the base (query) encoder, a timm VisionTransformer; "
+        "head.* is the projection MLP, so build the timm model with num_classes=0. Its ViT-S has 12 heads "
+        "(timm's vit_small_patch16_224 has 6, and the shapes cannot tell): pass num_heads=12"),
+    "mocov3_momentum": KeyMap("state_dict", "momentum_encoder.", ("head.",),
+        "the momentum (key) encoder of the same MoCo-v3 file"),
+    "mugs": KeyMap("teacher", "backbone.", ("relation_blocks.", "head."),
+        "sail-sg/mugs full checkpoints: the EMA teacher's ViT (timm key names, qkv_bias=True, LayerNorm eps 1e-6); "
+        "relation_blocks.* serve only the group-level loss. Released backbone-only files load as they are"),
+    "mugs_student": KeyMap("student", "backbone.", ("relation_blocks.", "head."), "the student of a Mugs checkpoint"),
+}
+
+def map_checkpoint(obj, key_map: str | KeyMap, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    "The timm-named backbone state dict inside a loaded foreign checkpoint `obj`, picked and renamed by `key_map`."
+    if isinstance(key_map, str):
+        if key_map not in KEY_MAPS:
+            raise ValueError(f"Unknown key_map {key_map!r}; valid: {sorted(KEY_MAPS)} (or a KeyMap)")
+        key_map = KEY_MAPS[key_map]
+    if isinstance(obj, dict) and key_map.checkpoint_key and isinstance(obj.get(key_map.checkpoint_key), dict):
+        obj = obj[key_map.checkpoint_key]
+    sd = unwrap_state_dict(obj, source)
+    prefixes = (key_map.prefix, "module." + key_map.prefix)
+    picked = {k[len(p):]: v for k, v in sd.items() for p in prefixes if k.startswith(p)}
+    if not picked:
+        if any(key_map.prefix in k for k in sd):
+            raise CheckpointError(f"{source}: keys hold {key_map.prefix!r} but not at the start: {_keys(sd, 6)}")
+        picked = sd  # already a bare backbone (e.g. the released backbone-only weights)
+    return {k: v for k, v in picked.items() if not k.startswith(key_map.drop)}
 
 # %% ../nbs/03_models.ipynb #0dfba621
 _HASHED_NAME = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z]+$")
@@ -451,7 +496,7 @@ def _read_json(path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Could not read teacher config {path}: {type(e).__name__}: {e}") from e
 
-def _load_file(path: Path, config: dict | None, trust_pickle: bool) -> nn.Module:
+def _load_file(path: Path, config: dict | None, trust_pickle: bool, key_map=None) -> nn.Module:
     side = _sidecar(path)
     side_cfg = _read_json(side) if side else None
     if config is None and side_cfg is None:
@@ -459,47 +504,116 @@ def _load_file(path: Path, config: dict | None, trust_pickle: bool) -> nn.Module
                          f"{{...}}}} (or 'cifar_resnet' / 'timm') or a sidecar file {path.name}.json")
     if config is not None and side_cfg is not None and arch_config(config) != arch_config(side_cfg):
         raise ValueError(f"config={arch_config(config)} disagrees with the sidecar {side}: {arch_config(side_cfg)}")
-    digest = None
+    key_map = key_map if key_map is not None else (side_cfg or {}).get("key_map")
+    digest = sha256_file(path)  # recorded in teacher_cfg: the run names the exact weights it used
     if side_cfg is not None and "sha256" in side_cfg:
-        digest = sha256_file(path)
         if digest != side_cfg["sha256"]:
             raise CheckpointError(f"{path} is corrupt or was replaced: sha256 {digest[:16]}... but {side} records "
                                   f"{str(side_cfg['sha256'])[:16]}...")
-    sd = read_state_dict(path, trust_pickle)
-    model = load_state_dict_strict(build_model(config if config is not None else side_cfg), sd, str(path))
+    sd = (read_state_dict(path, trust_pickle) if key_map is None
+          else map_checkpoint(read_checkpoint(path, trust_pickle), key_map, f"{path} (key_map={key_map!r})"))
+    model = load_state_dict_strict(build_model(config if config is not None else side_cfg), sd,
+                                   str(path) if key_map is None else f"{path} (key_map={key_map!r})")
     meta = (side_cfg or {}).get("meta") or {}
-    model.teacher_cfg = dict(meta, name=path.stem, source=str(path), **({"sha256": digest} if digest else {}))
+    model.teacher_cfg = dict(meta, name=path.stem, source=str(path), sha256=digest,
+                             **({"key_map": key_map} if isinstance(key_map, str) else {}))
     return model
 
-def _load_timm_hub(name: str) -> nn.Module:
+def _hub_cached_file(pretrained_cfg) -> str | None:
+    "The weights file timm took from the Hugging Face cache, if it can be found (to record its sha256)."
+    hub_id = (pretrained_cfg or {}).get("hf_hub_id")
+    if not hub_id: return None
+    from huggingface_hub import try_to_load_from_cache
+    repo, _, revision = hub_id.partition("@")
+    names = [pretrained_cfg.get("hf_hub_filename")] if pretrained_cfg.get("hf_hub_filename") else []
+    for fname in names + ["model.safetensors", "open_clip_model.safetensors", "pytorch_model.bin"]:
+        hit = try_to_load_from_cache(repo, fname, revision=revision or None)
+        if isinstance(hit, str): return hit
+    return None
+
+def _timm_teacher_cfg(model: nn.Module, name: str, source: str, digest: str | None, kw: dict) -> nn.Module:
+    pc = model.pretrained_cfg
+    model.teacher_cfg = dict(name=f"timm:{name}", source=source, sha256=digest, num_classes=model.num_classes,
+                             input_size=pc.get("input_size", (3, 224, 224))[-1], mean=tuple(pc.get("mean", IMAGENET_MEAN)),
+                             std=tuple(pc.get("std", IMAGENET_STD)), **({"timm_kwargs": kw} if kw else {}))
+    return model
+
+def _load_timm_file(name: str, path: Path, kw: dict, trust_pickle: bool) -> nn.Module:
+    """timm model `name` with the weights of the local file `path` through timm's pretrained-config overlay; the
+    file must hold that model's timm state dict: missing / unexpected keys raise `CheckpointError` naming them."""
+    file_sd = read_state_dict(path, trust_pickle)  # FileNotFoundError / CheckpointError naming the file
+    heads = getattr(timm.models.get_pretrained_cfg(name), "classifier", None) or ()
+    heads = (heads,) if isinstance(heads, str) else tuple(heads)
+    # the overlay states the file's class count: timm keeps a matching classifier and drops (only) another one
+    file_classes = file_sd[f"{heads[0]}.weight"].shape[0] if heads and f"{heads[0]}.weight" in file_sd else 0
+    overlay = dict(file=str(path), num_classes=file_classes)
+    try:
+        model, failure = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, **kw), None
+    except Exception as e:  # timm's strict load_state_dict, or a file its own reader refuses
+        model, failure = None, e
+    ref = model if model is not None else timm.create_model(name, pretrained=False, **kw)
+    own = ref.state_dict()
+    # a classifier in the file may be left out on purpose (another num_classes); one the model needs may not
+    skip = {f"{h}.{w}" for h in heads for w in ("weight", "bias")} if ref.num_classes != file_classes else set()
+    missing = [k for k in own if k not in file_sd]
+    unexpected = [k for k in file_sd if k not in own and k not in skip]
+    reshaped = [f"{k} {tuple(file_sd[k].shape)} vs model {tuple(own[k].shape)}" for k in own
+                if k in file_sd and k not in skip and tuple(file_sd[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or (reshaped and model is None):
+        parts = [f"{what} ({len(ks)}): {_keys(ks)}" for what, ks in (("missing keys", missing),
+                 ("unexpected keys", unexpected), ("shape mismatches", reshaped)) if ks]
+        raise CheckpointError(f"{path} does not fit timm:{name}{f' {kw}' if kw else ''}: " + "; ".join(parts) +
+                              ". The file must hold timm.create_model(name, ...).state_dict() of the same "
+                              "architecture (pass the same timm_kwargs; num_classes=0 for a file without classifier)")
+    if model is None:
+        raise CheckpointError(f"timm could not load {path} into timm:{name}: {type(failure).__name__}: "
+                              f"{str(failure)[:300]}") from failure
+    model = _timm_teacher_cfg(model, name, str(path), sha256_file(path), kw)
+    if reshaped: model.teacher_cfg["adapted_by_timm"] = reshaped  # e.g. pos_embed resampled to another img_size
+    return model
+
+def _load_timm_hub(name: str, checkpoint: Path | str | None = None, timm_kwargs: dict | None = None,
+                   trust_pickle: bool = False) -> nn.Module:
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=8, cutoff=0.5)
         raise ValueError(f"timm has no model {name!r}; close matches: {close}")
+    kw = dict(timm_kwargs or {})
+    if checkpoint is not None:
+        return _load_timm_file(name, Path(checkpoint).expanduser(), kw, trust_pickle)
     try:
-        model = timm.create_model(name, pretrained=True)
+        model = timm.create_model(name, pretrained=True, **kw)
     except Exception as e:
         raise RuntimeError(
             f"Could not get pretrained weights for timm:{name} ({type(e).__name__}: {str(e)[:200]}). There is no "
             f"network access here and no cached copy of the weights. On a machine with internet save them, e.g. "
             f"safetensors.torch.save_file(timm.create_model({name!r}, pretrained=True).state_dict(), "
-            f"'{name}.safetensors'), copy the file here and load it with load_teacher('{name}.safetensors', "
-            f"config={{'timm': {{'model_name': {name!r}}}}}) (or a sidecar '{name}.safetensors.json' holding that config).") from e
-    pc = model.pretrained_cfg
-    model.teacher_cfg = dict(name=f"timm:{name}", source="timm hub", num_classes=model.num_classes,
-                             input_size=pc.get("input_size", (3, 224, 224))[-1], mean=tuple(pc.get("mean", IMAGENET_MEAN)),
-                             std=tuple(pc.get("std", IMAGENET_STD)))
-    return model
+            f"'{name}.safetensors'), copy the file here and load it with load_teacher('timm:{name}', "
+            f"checkpoint='{name}.safetensors').") from e
+    cached = _hub_cached_file(model.pretrained_cfg)
+    return _timm_teacher_cfg(model, name, "timm hub" if cached is None else f"timm hub ({cached})",
+                             sha256_file(cached) if cached else None, kw)
 
 def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, config: dict | None = None,
-                 teacher_dir: Path | str | None = None, trust_pickle: bool = False) -> nn.Module:
-    "An eval-mode teacher by name (`teacher_names()`), `timm:<name>`, or checkpoint file (+ architecture `config` or sidecar json)."
+                 teacher_dir: Path | str | None = None, trust_pickle: bool = False,
+                 checkpoint: Path | str | None = None, timm_kwargs: dict | None = None,
+                 key_map: str | KeyMap | None = None) -> nn.Module:
+    """An eval-mode teacher by name (`teacher_names()`), `timm:<name>` (hub weights, or a local `checkpoint` file of
+    that name; `timm_kwargs` go to `timm.create_model`), or checkpoint file (+ architecture `config` or sidecar json;
+    `key_map` for another project's checkpoint, see `KEY_MAPS`). `teacher_cfg['sha256']` names the weights' file."""
     name = str(name_or_path)
     registry = _registry(teacher_dir) if not isinstance(name_or_path, Path) else {}
-    is_name = not isinstance(name_or_path, Path) and (name.startswith("timm:") or name in BUILTIN_TEACHERS or name in registry)
+    is_timm = not isinstance(name_or_path, Path) and name.startswith("timm:")
+    is_name = not isinstance(name_or_path, Path) and (is_timm or name in BUILTIN_TEACHERS or name in registry)
     if config is not None and is_name:
         raise ValueError(f"config= only applies to checkpoint files, not to the named teacher {name!r}")
-    if not isinstance(name_or_path, Path) and name.startswith("timm:"):
-        model = _load_timm_hub(name[len("timm:"):])
+    if (checkpoint is not None or timm_kwargs is not None) and not is_timm:
+        raise ValueError(f"checkpoint= and timm_kwargs= only apply to 'timm:<name>' teachers, not to {name!r}; load a "
+                         "checkpoint file of another architecture with load_teacher(path, config=...)")
+    if key_map is not None and is_name:
+        raise ValueError(f"key_map= only applies to checkpoint files, not to {name!r}: load_teacher(path, "
+                         "config={'timm': {'model_name': ...}}, key_map=...)")
+    if is_timm:
+        model = _load_timm_hub(name[len("timm:"):], checkpoint, timm_kwargs, trust_pickle)
     elif is_name and name in BUILTIN_TEACHERS:
         model = BUILTIN_TEACHERS[name](data_root)
     elif is_name:
@@ -510,7 +624,7 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
         model = _load_file(w, None, trust_pickle)
         model.teacher_cfg["name"] = name
     elif Path(name).expanduser().is_file():
-        model = _load_file(Path(name).expanduser(), config, trust_pickle)
+        model = _load_file(Path(name).expanduser(), config, trust_pickle, key_map)
     else:
         looks_like_file = isinstance(name_or_path, Path) or os.sep in name or name.endswith(CHECKPOINT_SUFFIXES)
         what = f"No checkpoint file {name}" if looks_like_file else f"Unknown teacher {name!r}"
@@ -518,6 +632,11 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
             f"{what}. Valid names: {teacher_names(teacher_dir)}, 'timm:<timm model name>', or the path of a "
             f"{'/'.join(CHECKPOINT_SUFFIXES)} checkpoint file.")
     return model.eval()
+
+def teacher_record(model: nn.Module) -> dict:
+    "What a run records about its teacher: name, source, sha256 of the weights file (None where unknown), key_map."
+    cfg = getattr(_unwrap(model), "teacher_cfg", None) or {}
+    return {k: cfg.get(k) for k in ("name", "source", "sha256", "key_map", "timm_kwargs")}
 
 # %% ../nbs/03_models.ipynb #0e2b6402
 _TEACHER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
