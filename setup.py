@@ -19,7 +19,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=['attnrepro', 'attnrepro.*']),
     include_package_data=True,
-    package_data={'attnrepro': ['sample_data/*', 'teachers/*']},
+    package_data={'attnrepro': ['sample_data/*']},
     install_requires=(cfg.get('requirements', '') + ' ' + cfg.get('pip_requirements', '')).split(),
     extras_require={'dev': cfg.get('dev_requirements', '').split()},
     python_requires='>=' + cfg['min_python'],

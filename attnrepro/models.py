@@ -29,8 +29,8 @@ __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNE
            'pit_stage_depths', 'create_student', 'describe_model', 'count_flops', 'LegacyBatchNorm2d', 'ShortcutA',
            'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError', 'unwrap_state_dict', 'read_checkpoint',
            'read_state_dict', 'load_state_dict_strict', 'KeyMap', 'map_checkpoint', 'verify_hash_prefix',
-           'find_cifar_resnet_weights', 'arch_config', 'build_model', 'efficientnet_lite0_weights_path',
-           'map_lite0_state_dict', 'teacher_names', 'load_teacher', 'teacher_record', 'save_teacher',
+           'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config', 'build_model', 'efficientnet_lite0_weights_path',
+           'map_lite0_state_dict', 'fetch_teacher', 'teacher_names', 'load_teacher', 'teacher_record', 'save_teacher',
            'intermediate_features', 'block_names', 'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
@@ -392,7 +392,21 @@ def find_cifar_resnet_weights(depth: int, data_root: Path | str | None = None) -
                             "<data>/weights/), pass data_root=..., or set ATTNREPRO_DATA.")
 
 # %% ../nbs/03_models.ipynb #a8a5a453
-TEACHER_DIR = PACKAGE_DIR / "teachers"
+def _project_teacher_dir() -> Path:
+    "Where the project's committed teachers live: `outputs/teachers/weights` of the clone (else the cache)."
+    try: return project_root() / "outputs" / "teachers" / "weights"
+    except FileNotFoundError:
+        return Path(os.environ.get("ATTNREPRO_CACHE", Path.home() / ".cache" / "attnrepro")).expanduser() / "teachers"
+
+TEACHER_DIR = _project_teacher_dir()   # where the teachers notebook saves mini teachers (beside their outputs)
+
+def teacher_dirs(teacher_dir: Path | str | None = None) -> list[Path]:
+    """Folders searched for saved teachers, in order: `teacher_dir` (alone, when given), `$ATTNREPRO_TEACHERS`
+    (os.pathsep-separated), the project's `outputs/teachers/weights`, the cache's `teachers/` (fetched teachers)."""
+    if teacher_dir is not None: return [Path(teacher_dir)]
+    env = [Path(p).expanduser() for p in os.environ.get("ATTNREPRO_TEACHERS", "").split(os.pathsep) if p]
+    cache = Path(os.environ.get("ATTNREPRO_CACHE", Path.home() / ".cache" / "attnrepro")).expanduser() / "teachers"
+    return list(dict.fromkeys(env + [TEACHER_DIR, cache]))
 ARCH_BUILDERS = ("create_student", "cifar_resnet", "timm")
 CIFAR_RESNET_TOP1 = {20: 91.25, 32: 92.49, 44: 92.83, 56: 93.39}  # reported on canonical CIFAR-10 (README)
 
@@ -478,11 +492,43 @@ BUILTIN_TEACHERS: dict[str, Callable] = {
 
 # %% ../nbs/03_models.ipynb #8a903139
 def _registry(teacher_dir: Path | str | None = None) -> dict[str, Path]:
-    d = Path(teacher_dir) if teacher_dir is not None else TEACHER_DIR
-    return {p.stem: p for p in sorted(d.glob("*.json"))} if d.is_dir() else {}
+    "Saved teachers by name (their json), the first folder of `teacher_dirs` that has a name winning."
+    found: dict[str, Path] = {}
+    for d in teacher_dirs(teacher_dir):
+        if d.is_dir():
+            for p in sorted(d.glob("*.json")): found.setdefault(p.stem, p)
+    return found
+
+def fetch_teacher(name: str, base_url: str | None = None) -> Path:
+    """Download saved teacher `name` (`<base_url>/<name>.json` and `.safetensors`, base from `$ATTNREPRO_TEACHER_URL`)
+    into the cache's `teachers/`, checking the weights against the sha256 its json pins; returns the json path."""
+    import urllib.request
+    base = base_url or os.environ.get("ATTNREPRO_TEACHER_URL")
+    if not base: raise ValueError(f"fetch_teacher({name!r}): no base URL (pass base_url= or set ATTNREPRO_TEACHER_URL)")
+    if not _TEACHER_NAME.match(name): raise ValueError(f"Teacher name {name!r} is not a plain name")
+    dest = teacher_dirs()[-1]
+    def get(fname):
+        url = f"{base.rstrip('/')}/{fname}"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r: return r.read()
+        except OSError as e: raise FileNotFoundError(f"Could not fetch teacher file {url}: {e}") from e
+    meta = get(f"{name}.json")
+    pin = _read_json_bytes(meta, f"{base}/{name}.json").get("sha256")
+    weights = get(f"{name}.safetensors")
+    digest = hashlib.sha256(weights).hexdigest()
+    if pin is None or digest != pin:
+        raise CheckpointError(f"Fetched {name}.safetensors has sha256 {digest[:16]}..., its json pins "
+                              f"{str(pin)[:16]}...: refusing it (corrupt download or a different file)")
+    atomic_write_bytes(dest / f"{name}.safetensors", weights)
+    atomic_write_bytes(dest / f"{name}.json", meta)
+    return dest / f"{name}.json"
+
+def _read_json_bytes(data: bytes, where: str) -> dict:
+    try: return json.loads(data)
+    except ValueError as e: raise CheckpointError(f"{where} is not JSON: {e}") from e
 
 def teacher_names(teacher_dir: Path | str | None = None) -> list[str]:
-    "Built-in teacher names plus the project's saved teachers (in `teacher_dir`, default `attnrepro/teachers`); `timm:<name>` and file paths are accepted too."
+    "Built-in teacher names plus the saved teachers found along `teacher_dirs`; `timm:<name>` and file paths are accepted too."
     return list(BUILTIN_TEACHERS) + sorted(n for n in _registry(teacher_dir) if n not in BUILTIN_TEACHERS)
 
 def _sidecar(path: Path) -> Path | None:
@@ -602,6 +648,9 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
     `key_map` for another project's checkpoint, see `KEY_MAPS`). `teacher_cfg['sha256']` names the weights' file."""
     name = str(name_or_path)
     registry = _registry(teacher_dir) if not isinstance(name_or_path, Path) else {}
+    if (not isinstance(name_or_path, Path) and name not in registry and name not in BUILTIN_TEACHERS and teacher_dir is None
+            and os.environ.get("ATTNREPRO_TEACHER_URL") and _TEACHER_NAME.match(name) and not name.endswith(CHECKPOINT_SUFFIXES)):
+        registry = {**registry, name: fetch_teacher(name)}   # a saved teacher this machine lacks: fetch it once
     is_timm = not isinstance(name_or_path, Path) and name.startswith("timm:")
     is_name = not isinstance(name_or_path, Path) and (is_timm or name in BUILTIN_TEACHERS or name in registry)
     if config is not None and is_name:

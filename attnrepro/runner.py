@@ -114,8 +114,8 @@ def _publish(staging: Path, final: Path) -> None:
         if p.is_dir():
             if target.exists(): shutil.rmtree(target)
         os.replace(p, target)
-    for p in final.iterdir():  # outputs the notebook no longer makes; runs/ is the cache, kept
-        if p.name not in produced and p.name != "runs" and not p.name.startswith("."):
+    for p in final.iterdir():  # outputs the notebook no longer makes; runs/ (the cache) and weights/ (teachers) are kept
+        if p.name not in produced and p.name not in ("runs", "weights") and not p.name.startswith("."):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     shutil.rmtree(staging, ignore_errors=True)
 
