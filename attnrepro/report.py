@@ -164,6 +164,19 @@ def _find_seed(config):
             if (s := _find_seed(v)) is not None: return s
     return None
 
+def _current_cell(nb_cells: list | None, nb_label: str) -> str | None:
+    "Where the code running now sits in the source notebook ('<nb>, cell <i> (id <id>)'), matched by its source."
+    if not nb_cells: return None
+    try:
+        from IPython import get_ipython
+        code = get_ipython().get_parent()["content"]["code"].strip()
+    except Exception:   # not inside a kernel executing a cell
+        return None
+    for i, c in enumerate(nb_cells):
+        if "".join(c.get("source", "")).strip() == code:
+            return f"{nb_label}, cell {i} (id {c.get('id', '?')})"
+    return None
+
 class PaperRun:
     "The output side of one execution of a paper notebook."
     def __init__(self, paper: str, profile: str, out_dir: Path | str, runs_dir: Path | str | None = None,
@@ -176,7 +189,13 @@ class PaperRun:
         self.used: dict[str, dict] = {}
         self.claims: list[dict] = []
         self.outputs: list[str] = []
+        self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
         self.started = time.time()
+        # the source notebook (the runner names it, relative to the project root where the kernel runs); its cells
+        # let each table and figure name the cell that made it
+        nb = os.environ.get("ATTNREPRO_NOTEBOOK")
+        try: self._cells, self._nb_label = json.loads(Path(nb).read_text())["cells"], nb
+        except (OSError, ValueError, KeyError, TypeError): self._cells, self._nb_label = None, None
 
     @property
     def label(self) -> str: return f"ours, {self.profile}"
@@ -222,8 +241,10 @@ class PaperRun:
         "Write `table_<id>.csv` and `.md` (the caption, the profile label, then the table)."
         df.to_csv(self.out_dir / f"table_{table_id}.csv", index=False)
         note = df.attrs.get("note")
+        prov = _current_cell(self._cells, self._nb_label)
         md = (f"**Table {table_id}** ({self.label}). {caption}\n\n" + (f"{note}\n\n" if note else "")
-              + df.to_markdown(index=False, floatfmt=".2f") + "\n")
+              + df.to_markdown(index=False, floatfmt=".2f") + "\n" + (f"\n_Produced by {prov}._\n" if prov else ""))
+        if prov: self.provenance.update({f"table_{table_id}.csv": prov, f"table_{table_id}.md": prov})
         atomic_write_text(self.out_dir / f"table_{table_id}.md", md)
         self.outputs += [f"table_{table_id}.csv", f"table_{table_id}.md"]
         return df
@@ -233,6 +254,7 @@ class PaperRun:
         fig.suptitle(f"{fig._suptitle.get_text() + ' ' if fig._suptitle else ''}[{self.label}]", fontsize=9)
         fig.savefig(self.out_dir / f"fig_{fig_id}.png", dpi=dpi, bbox_inches="tight")
         self.outputs.append(f"fig_{fig_id}.png")
+        if prov := _current_cell(self._cells, self._nb_label): self.provenance[f"fig_{fig_id}.png"] = prov
         return fig
 
     def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "") -> Verdict:
@@ -257,6 +279,6 @@ class PaperRun:
         claims = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in c.items()} for c in self.claims]
         summary = dict(paper=self.paper, profile=self.profile, runs=list(self.used.values()),
                        seeds=sorted({r["seed"] for r in self.used.values() if r["seed"] is not None}),
-                       outputs=self.outputs, claims=claims, notebook_wall_time_s=round(time.time() - self.started, 3))
+                       outputs=self.outputs, provenance=self.provenance, claims=claims, notebook_wall_time_s=round(time.time() - self.started, 3))
         atomic_write_json(self.out_dir / "runs_used.json", summary)
         return summary

@@ -150,6 +150,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     commit, t0, started = git_commit(root), time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     failed = root / "outputs" / ".failed" / profile / short
     runs_before = {p.name for p in (final / "runs").glob("*.json")}
+    os.environ["ATTNREPRO_NOTEBOOK"] = os.path.relpath(nb, root)   # the kernel (cwd = root) inherits it: provenance
     try:
         # the kernel's own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is noise to a user
         pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
@@ -176,6 +177,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, git_commit=commit,
                     started=started, wall_time_s=round(time.time() - t0, 1), parameters=all_params | {"out_dir": str(final)},
                     seeds=used.get("seeds", []), runs=used.get("runs", []), claims=used.get("claims", []),
+                    provenance=used.get("provenance", {}),
                     packages=package_versions(), command=" ".join(sys.argv))
     del manifest["parameters"]["runs_dir"]
     manifest["parameters"]["out_dir"] = os.path.relpath(final, root)   # no machine-specific absolute paths

@@ -42,6 +42,9 @@ def test_run_publishes_outputs_and_manifest(project):
     assert {r["hash"] for r in disk["runs"]} == {p.stem for p in (out / "runs").glob("*.json")}
     assert "(ours, mini)" in (out / "table_1.md").read_text()
     assert man["claims"][0]["verdict"] == "holds" and man["claims"][0]["effect"] == 1.0
+    # provenance: from a table to the notebook cell that wrote it, in the .md and the manifest
+    assert disk["provenance"]["table_1.md"].startswith("nbs/papers/demo.ipynb, cell 2 (id ")
+    assert f"Produced by {disk['provenance']['table_1.md']}" in (out / "table_1.md").read_text()
     assert not list((project / "outputs").glob(".staging*"))
 
 
