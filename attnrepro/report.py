@@ -113,6 +113,7 @@ def claims_markdown(claims: pd.DataFrame, title: str) -> str:
     counts = claims["verdict"].value_counts()
     md = f"# {title}\n\n" + " · ".join(f"{v}: {int(counts.get(v, 0))}" for v in VERDICTS) + "\n\n"
     tab = pd.DataFrame({"id": claims["id"], "verdict": claims["verdict"], "claim": claims["claim"],
+                        "claimed effect": claims["claimed"].fillna("") if "claimed" in claims else "",
                         "effect [95 % CI]": [f"{_fmt(e)} [{_fmt(lo)}, {_fmt(hi)}]" if _fmt(e) else ""
                                              for e, lo, hi in zip(claims["effect"], claims["ci_low"], claims["ci_high"])],
                         "n": claims["n"].fillna(""), "smallest detectable": [_fmt(m).lstrip("+") for m in claims["mde"]]})

@@ -149,7 +149,7 @@ def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimat
     "`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise)."
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
-# %% ../nbs/17_verdicts.ipynb #8309b7c7
+# %% ../nbs/17_verdicts.ipynb #4d8ee0cb
 @dataclass
 class Verdict:
     "A claim's verdict with the numbers that decided it; `str()` gives the printed line."
@@ -160,6 +160,7 @@ class Verdict:
     ci_high: float = float("nan")
     n: str = ""
     mde: float = float("nan")
+    claimed: str = ""   # what the interval is compared with, e.g. "> +5" or "within +-0.5"
 
     def __post_init__(self):
         if self.verdict not in VERDICTS: raise ValueError(f"unknown verdict {self.verdict!r}; valid: {list(VERDICTS)}")
@@ -169,12 +170,12 @@ class Verdict:
     def __str__(self): return f"{self.statement}: {self.verdict}"
     def row(self) -> dict:
         "The claims.csv columns of this verdict."
-        return dict(verdict=self.verdict, effect=self.effect, ci_low=self.ci_low, ci_high=self.ci_high, n=self.n,
-                    mde=self.mde)
+        return dict(verdict=self.verdict, claimed=self.claimed, effect=self.effect, ci_low=self.ci_low,
+                    ci_high=self.ci_high, n=self.n, mde=self.mde)
 
 def _from(est: Estimate, verdict: str, claim: str) -> Verdict:
     extra = f"; smallest detectable effect {est.mde:.2f}" if verdict == "inconclusive" else ""
-    return Verdict(verdict, f"{est} (claim: {claim}){extra}", est.effect, est.ci_low, est.ci_high, est.n, est.mde)
+    return Verdict(verdict, f"{est} (claim: {claim}){extra}", est.effect, est.ci_low, est.ci_high, est.n, est.mde, claim)
 
 def greater(est: Estimate, margin: float = 0.0) -> Verdict:
     "Claim: the effect exceeds `margin`. Holds if the interval lies above it, does not hold if it lies at or below it."
@@ -198,7 +199,7 @@ def untestable(reason: str, statement: str = "") -> Verdict:
     "A comparison that cannot be made, with the reason (printed as `<statement: >reason: untestable`)."
     return Verdict("untestable", f"{statement + ': ' if statement else ''}{reason}")
 
-# %% ../nbs/17_verdicts.ipynb #321a9c15
+# %% ../nbs/17_verdicts.ipynb #5892c3ae
 def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: str = "", level: float = LEVEL) -> Verdict:
     "Claim: `(method - base) / (target - base) > at_least`, decided on Fieller's interval of the ratio."
     a, b = difference(method, base), difference(target, base)
@@ -223,9 +224,9 @@ def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: st
     extra = ("; the gap itself is not resolved, so the interval is unbounded" if math.isinf(lo)
              else f"; smallest detectable effect {mde:.2f}" if v == "inconclusive" else "")
     st = f"{name} = {f:.2f} [{lo:.2f}, {hi:.2f}], {n} (claim: > {at_least:g}){extra}"
-    return Verdict(v, st, f, lo, hi, n, mde)
+    return Verdict(v, st, f, lo, hi, n, mde, f"> {at_least:g}")
 
-# %% ../nbs/17_verdicts.ipynb #9212d601
+# %% ../nbs/17_verdicts.ipynb #95fd818f
 def all_of(parts: Sequence[Verdict], label: str = "") -> Verdict:
     "The conjunction of several verdicts."
     parts = list(parts)
@@ -237,7 +238,7 @@ def all_of(parts: Sequence[Verdict], label: str = "") -> Verdict:
     key = hit[0] if v in ("does not hold", "untestable") else max(hit, key=margin) if v == "inconclusive" else \
         min(hit, key=lambda p: p.ci_low if math.isfinite(p.ci_low) else -math.inf)
     st = (label + ": " if label else "") + "; ".join(f"{p.statement} -> {p.verdict}" for p in parts)
-    return Verdict(v, st, key.effect, key.ci_low, key.ci_high, key.n, key.mde)
+    return Verdict(v, st, key.effect, key.ci_low, key.ci_high, key.n, key.mde, key.claimed)
 
 # %% ../nbs/17_verdicts.ipynb #8306dabd
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:

@@ -46,7 +46,7 @@ def test_claims_have_verdicts_with_intervals(paper):
     import pandas as pd
     from attnrepro.verdicts import VERDICTS
     cl = pd.read_csv(output_dir(paper, "mini") / "claims.csv")
-    assert {"id", "claim", "verdict", "effect", "ci_low", "ci_high", "n", "mde", "evidence"} <= set(cl.columns)
+    assert {"id", "claim", "verdict", "claimed", "effect", "ci_low", "ci_high", "n", "mde", "evidence"} <= set(cl.columns)
     assert set(cl["verdict"]) <= set(VERDICTS), f"outputs/{paper}/claims.csv has verdicts outside {VERDICTS}"
     decided = cl[cl["verdict"] != "untestable"]
     assert (decided["ci_low"] <= decided["effect"]).all() and (decided["effect"] <= decided["ci_high"]).all()
