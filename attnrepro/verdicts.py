@@ -13,7 +13,8 @@ from scipy import stats
 
 # %% auto #0
 __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference', 'Verdict',
-           'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed']
+           'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed',
+           'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -257,3 +258,49 @@ def seeds_needed(sd_seed: float, target_half_width: float, n_test: int | None = 
     for n in range(2, max_seeds + 1):
         if _tcrit(0.975, 2 * n - 2) * math.sqrt(2 * sd_seed ** 2 / n + 2 * test_var) <= target_half_width: return n
     return None
+
+# %% ../nbs/17_verdicts.ipynb #5cdd0100
+def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float | None = None,
+                floor: float | None = None, claimed: dict | None = None, n_test: int | None = None):
+    """A pilot's table (pandas DataFrame): one row per arm of `runs` ({arm: [result dict per seed]}), with the mean of
+    `metric`, per-seed values, sd, the baseline's margin over `chance` and whether it reaches `floor`, each other arm's
+    effect over `baseline` [95 % interval], and the seeds per arm for a half-width of a third of the measured effect and of
+    `claimed[arm]` (the paper's effect, points). `df.attrs["pooled_sd"]` holds the pooled seed sd and its df."""
+    import pandas as pd
+    if baseline not in runs:
+        raise ValueError(f"baseline {baseline!r} is not an arm of the pilot; arms: {sorted(runs)}")
+    claimed = claimed or {}
+    arms = {k: arm([r[metric] for r in rs], k, n_test=n_test or rs[0].get("n_val")) for k, rs in runs.items()}
+    multi = [a for a in arms.values() if a.n > 1]
+    sd, df = pooled_sd(multi) if multi else (float("nan"), 0.0)
+    # a one-seed arm borrows the pilot's pooled spread (stated in the caption by the caller)
+    arms = {k: a if a.n > 1 or not multi else arm(a.values, k, a.n_test, sd_seed=sd, sd_df=df) for k, a in arms.items()}
+    base = arms[baseline]
+    def need(effect):
+        if not multi or not np.isfinite(effect) or effect == 0: return ""
+        n = seeds_needed(sd, abs(effect) / 3, base.n_test, base.mean)
+        return n if n is not None else "more than 50"
+    rows = []
+    for k, a in arms.items():
+        m, hw = mean_ci(a.values) if a.n > 1 else (a.mean, float("nan"))
+        row = {"arm": k, "seeds": a.n, f"{metric} (mean)": a.mean, "95 % CI half-width": hw,
+               "per seed": ", ".join(f"{v:.2f}" for v in a.values), "sd over seeds": a.sd if a.n > 1 else float("nan")}
+        if k == baseline:
+            row["above chance"] = a.mean - chance if chance is not None else float("nan")
+            row["floor"] = (f">= {floor:g}: {'met' if a.mean >= floor else 'NOT met'}") if floor is not None else ""
+            row.update({"effect vs baseline": "", "seeds/arm for +-effect/3": "", "paper effect": "",
+                        "seeds/arm for +-paper effect/3": ""})
+        else:
+            est = difference(a, base) if base.n > 1 or a.n > 1 or multi else None
+            row.update({"above chance": a.mean - chance if chance is not None else float("nan"), "floor": "",
+                        "effect vs baseline": f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if est
+                                              else f"{a.mean - base.mean:+.2f} (one seed each: no interval)",
+                        "seeds/arm for +-effect/3": need(est.effect) if est else "",
+                        "paper effect": f"{claimed[k]:+.2f}" if k in claimed else "",
+                        "seeds/arm for +-paper effect/3": need(claimed.get(k, float("nan")))})
+        row["min per run"] = float(np.mean([r.get("wall_time_s", float("nan")) for r in runs[k]])) / 60
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    out.attrs["pooled_sd"] = (sd, df)
+    return out
+
