@@ -85,3 +85,14 @@ def test_method_trains_and_resumes_exactly(name, tmp_path):
             assert torch.equal(v, method_b.extra_modules[mod].state_dict()[key]), f"{name}: {mod}.{key} differs"
     strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
     assert strip(res_b["history"]) == strip(hist) and res["steps_this_process"] == 6
+
+
+def test_readme_registry_example_runs():
+    "The README's registry example runs as written."
+    import re
+    from attnrepro.core import project_root
+    text = (project_root() / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "create_method" in b]
+    assert len(blocks) == 1, "the README shows one registry example"
+    torch.manual_seed(0)
+    exec(compile(blocks[0], "README.md", "exec"), {})
