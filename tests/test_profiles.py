@@ -10,7 +10,7 @@ from attnrepro.runner import runnable_papers
 
 ROOT = project_root()
 PAPERS = [p for p in runnable_papers() if p != "teachers"]
-TEACHER_KEYS = {"teacher", "imagenet_teacher", "teachers", "sources", "pretrained"}
+TEACHER_KEYS = {"teacher", "imagenet_teacher", "teachers", "sources", "source", "pretrained"}
 EMBEDDED = {"cifar10-sample", "tiny-imagenet-sample", "digits"}
 
 
