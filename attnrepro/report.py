@@ -16,7 +16,7 @@ from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
 __all__ = ['PROFILES', 'README_START', 'README_END', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported',
-           'side_by_side', 'claims_markdown', 'results_table', 'update_readme', 'PaperRun']
+           'side_by_side', 'claims_markdown', 'results_table', 'pilots_table', 'update_readme', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -140,6 +140,28 @@ def results_table(root=None) -> str:
                      "claims": "; ".join(f"{i}: {v}" for i, v in zip(cl["id"], cl["verdict"])), "regime": regime})
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
 
+def pilots_table(root=None) -> str:
+    """The README's pilot summary: one row per method arm of every committed mini pilot (`outputs/<paper>/table_pilot*.csv`,
+    written by `attnrepro.verdicts.pilot_table`): the baseline and its floor, the arm's effect and the seeds it needs."""
+    root = Path(root or project_root())
+    rows = []
+    for f in sorted((root / "outputs").glob("*/table_pilot*.csv")):
+        man = f.parent / "manifest.json"
+        if not man.is_file() or json.loads(man.read_text()).get("profile") != "mini": continue
+        t = pd.read_csv(f, keep_default_na=False)
+        if not {"arm", "effect vs baseline", "floor"} <= set(t.columns): continue
+        metric = [c for c in t.columns if c.endswith("(mean)")][0]
+        for _, g in t.groupby("metric", sort=False) if "metric" in t else [(None, t)]:
+            base = g[g["floor"].astype(str) != ""].iloc[0]
+            for _, r in g[g["effect vs baseline"].astype(str) != ""].iterrows():
+                rows.append({"pilot": f"[{f.parent.name}/{f.stem[len('table_'):]}](outputs/{f.parent.name}/{f.stem}.md)"
+                             + (f" ({r['metric']})" if "metric" in g else ""),
+                             "baseline": f"{base['arm']}: {float(base[metric]):.2f} ({base['floor']})",
+                             "arm": r["arm"], "seeds": r["seeds"], "effect [95 % CI]": r["effect vs baseline"],
+                             "paper effect": r.get("paper effect", ""),
+                             "seeds/arm for +-paper effect/3": r.get("seeds/arm for +-paper effect/3", "")})
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed pilots yet)"
+
 def update_readme(root=None, check: bool = False) -> bool:
     """Rewrite the README block between `README_START` and `README_END` with `results_table()`. Returns whether
     it changed; with `check`, only report (for the test that keeps the README in sync)."""
@@ -149,7 +171,9 @@ def update_readme(root=None, check: bool = False) -> bool:
         raise ValueError(f"{path} lacks the markers {README_START!r} ... {README_END!r} around its results table")
     head, rest = text.split(README_START, 1)
     _, tail = rest.split(README_END, 1)
-    new = f"{head}{README_START}\n{results_table(root)}\n{README_END}{tail}"
+    pilots = ("\n\n**Pilots** of the regimes the paper re-runs use (mini; the seeds each arm needs for a 95 % interval "
+              "whose half-width is a third of the paper's effect):\n\n" + pilots_table(root))
+    new = f"{head}{README_START}\n{results_table(root)}{pilots}\n{README_END}{tail}"
     if new != text and not check: atomic_write_text(path, new)
     return new != text
 
