@@ -16,7 +16,8 @@ from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
 __all__ = ['PROFILES', 'README_START', 'README_END', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported',
-           'side_by_side', 'claims_markdown', 'results_table', 'pilots_table', 'update_readme', 'PaperRun']
+           'side_by_side', 'claims_markdown', 'results_table', 'pilots_table', 'update_readme', 'show_figure',
+           'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -202,6 +203,21 @@ def _current_cell(nb_cells: list | None, nb_label: str) -> str | None:
             return f"{nb_label}, cell {i} (id {c.get('id', '?')})"
     return None
 
+def _notebook_label(nb: str) -> str:
+    "A notebook's path relative to the project root when it lies inside it (provenance without machine paths)."
+    try: return Path(os.path.relpath(Path(nb).resolve(), project_root())).as_posix() if Path(nb).is_absolute() else nb
+    except (ValueError, FileNotFoundError): return nb
+
+def show_figure(path: Path | str) -> None:
+    """Show a saved figure under the cell that made it, when running in a Jupyter kernel (JupyterLab, papermill).
+    The runner sets `ATTNREPRO_INLINE_FIGURES=0`: its executed notebooks sit beside the figure files and stay small."""
+    if os.environ.get("ATTNREPRO_INLINE_FIGURES", "1") == "0": return
+    try:
+        from IPython import get_ipython
+        from IPython.display import Image, display
+    except ImportError: return
+    if get_ipython() is not None: display(Image(filename=str(path)))
+
 class PaperRun:
     "The output side of one execution of a paper notebook."
     def __init__(self, paper: str, profile: str, out_dir: Path | str, runs_dir: Path | str | None = None,
@@ -216,10 +232,10 @@ class PaperRun:
         self.outputs: list[str] = []
         self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
         self.started = time.time()
-        # the source notebook (the runner names it, relative to the project root where the kernel runs); its cells
-        # let each table and figure name the cell that made it
-        nb = os.environ.get("ATTNREPRO_NOTEBOOK")
-        try: self._cells, self._nb_label = json.loads(Path(nb).read_text())["cells"], nb
+        # the source notebook (the runner names it, relative to the project root where the kernel runs; JupyterLab
+        # gives its kernels the notebook's absolute path); its cells let each table and figure name the cell that made it
+        nb = os.environ.get("ATTNREPRO_NOTEBOOK") or os.environ.get("JPY_SESSION_NAME")
+        try: self._cells, self._nb_label = json.loads(Path(nb).read_text())["cells"], _notebook_label(nb)
         except (OSError, ValueError, KeyError, TypeError): self._cells, self._nb_label = None, None
 
     @property
@@ -275,11 +291,12 @@ class PaperRun:
         return df
 
     def figure(self, fig, fig_id: str, dpi: int = 100):
-        "Save `fig_<id>.png` at screen resolution, titled with the profile."
+        "Save `fig_<id>.png` at screen resolution, titled with the profile, and show it in the notebook (`show_figure`)."
         fig.suptitle(f"{fig._suptitle.get_text() + ' ' if fig._suptitle else ''}[{self.label}]", fontsize=9)
         fig.savefig(self.out_dir / f"fig_{fig_id}.png", dpi=dpi, bbox_inches="tight")
         self.outputs.append(f"fig_{fig_id}.png")
         if prov := _current_cell(self._cells, self._nb_label): self.provenance[f"fig_{fig_id}.png"] = prov
+        show_figure(self.out_dir / f"fig_{fig_id}.png")
         return fig
 
     def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "") -> Verdict:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_runner.ipynb #a225c746
 from __future__ import annotations
-import json, os, shutil, sys, time
+import contextlib, json, os, shutil, sys, time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -106,6 +106,17 @@ def _pid_alive(pid: str) -> bool:
     except PermissionError: return True
     return True
 
+@contextlib.contextmanager
+def _kernel_env(**env: str):
+    "Set environment variables for the kernels started inside the block, then restore the caller's values."
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try: yield
+    finally:
+        for k, v in before.items():
+            if v is None: os.environ.pop(k, None)
+            else: os.environ[k] = v
+
 def _publish(staging: Path, final: Path) -> None:
     final.mkdir(parents=True, exist_ok=True)
     produced = {p.name for p in staging.iterdir()}
@@ -150,12 +161,13 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     commit, t0, started = git_commit(root), time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     failed = root / "outputs" / ".failed" / profile / short
     runs_before = {p.name for p in (final / "runs").glob("*.json")}
-    os.environ["ATTNREPRO_NOTEBOOK"] = os.path.relpath(nb, root)   # the kernel (cwd = root) inherits it: provenance
     try:
-        # the kernel's own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is noise to a user
-        pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
-                            kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
-                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        # the kernel (cwd = root) inherits the notebook's path (provenance) and keeps figures as files only (not inline);
+        # its own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is noise to a user
+        with _kernel_env(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0"):
+            pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
+                                kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except PapermillExecutionError as e:
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ SHARED_DATA = Path(os.environ.get("ATTNREPRO_SHARED_DATA", ROOT.parent / "shared
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than ~30 s")
+    config.addinivalue_line("markers", "browser: drives headless Chromium (JupyterLab, the static site); needs "
+                            "Debian's chromium (`make browser`)")
 
 
 @pytest.fixture
