@@ -153,11 +153,11 @@ def pilots_table(root=None) -> str:
         if not {"arm", "effect vs baseline", "floor"} <= set(t.columns): continue
         metric = [c for c in t.columns if c.endswith("(mean)")][0]
         for _, g in t.groupby("metric", sort=False) if "metric" in t else [(None, t)]:
-            base = g[g["floor"].astype(str) != ""].iloc[0]
+            base = g[g["effect vs baseline"].astype(str) == ""].iloc[0]   # the baseline row has no effect
             for _, r in g[g["effect vs baseline"].astype(str) != ""].iterrows():
                 rows.append({"pilot": f"[{f.parent.name}/{f.stem[len('table_'):]}](outputs/{f.parent.name}/{f.stem}.md)"
                              + (f" ({r['metric']})" if "metric" in g else ""),
-                             "baseline": f"{base['arm']}: {float(base[metric]):.2f} ({base['floor']})",
+                             "baseline": f"{base['arm']}: {float(base[metric]):.2f}" + (f" ({base['floor']})" if base["floor"] else ""),
                              "arm": r["arm"], "seeds": r["seeds"], "effect [95 % CI]": r["effect vs baseline"],
                              "paper effect": r.get("paper effect", ""),
                              "seeds/arm for +-paper effect/3": r.get("seeds/arm for +-paper effect/3", "")})
