@@ -55,3 +55,21 @@ def test_claims_have_verdicts_with_intervals(paper):
 def test_readme_results_table_is_generated_from_the_claims():
     from attnrepro.report import update_readme
     assert not update_readme(check=True), "README.md's results table is stale: run `.venv/bin/attnrepro readme`"
+
+
+def test_pilots_table_reads_every_mini_pilot(tmp_path):
+    "The README's pilot rows come from the pilot tables of mini outputs only, one row per method arm."
+    import json
+    from attnrepro.report import pilots_table
+    from attnrepro.verdicts import pilot_table
+    runs = {"scratch": [dict(top1=v, n_val=10000, wall_time_s=60.0) for v in (44.4, 45.4, 44.3)],
+            "method": [dict(top1=v, n_val=10000, wall_time_s=60.0) for v in (47.0, 48.1)]}
+    for name, profile in (("p_mini", "mini"), ("p_smoke", "smoke")):
+        d = tmp_path / "outputs" / name
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"profile": profile}))
+        pilot_table(runs, "scratch", chance=10, floor=40, claimed={"method": 8.3}).to_csv(d / "table_pilot_x.csv", index=False)
+    text = pilots_table(tmp_path)
+    assert "p_mini/pilot_x" in text and "p_smoke" not in text
+    row = [l for l in text.splitlines() if "p_mini" in l]
+    assert len(row) == 1 and "scratch: 44.70 (>= 40: met)" in row[0] and "| method" in row[0] and "8.3" in row[0]
