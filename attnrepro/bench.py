@@ -23,7 +23,7 @@ from .models import create_student
 # %% auto #0
 __all__ = ['BENCH_VARIANTS', 'TEACHER_VARIANTS', 'PAPER_REFERENCE', 'PAPER_REFERENCE_NOTE', 'MEMORY_DEFINITIONS', 'forward_until',
            'teacher_attention_logits', 'BenchConfig', 'build_bench', 'make_step', 'time_steps', 'measure_memory',
-           'run_bench', 'format_bench']
+           'run_bench', 'format_bench', 'ThroughputConfig', 'run_throughput']
 
 # %% ../nbs/10_bench.ipynb #91b89c3e
 def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.Tensor:
@@ -309,3 +309,62 @@ def format_bench(df: pd.DataFrame) -> str:
     if "date" in df.attrs:
         lines.append(f"measured {df.attrs['date']} on {df.attrs['machine']}, torch {df.attrs['torch']}")
     return "\n".join(lines)
+
+# %% ../nbs/10_bench.ipynb #804073fd
+@dataclasses.dataclass
+class ThroughputConfig:
+    "The model, batch and data of `run_throughput` (defaults: the CIFAR-10 students of the aal / bootstrapping pilots)."
+    img_size: int = 32
+    patch_size: int = 4
+    embed_dim: int = 96
+    depth: int = 6
+    num_heads: int = 3
+    batch_size: int = 64
+    images: int = 1280          # images per timed run (a multiple of batch_size)
+    dataset: str = "cifar10"
+    augment: str = "weak"
+    repeats: int = 3
+    threads: int | None = None  # torch threads (None: leave as is)
+
+def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
+    "Images per second of the reference loop, `fit` on tensors and `fit` on the dataset pipeline (median of `repeats`)."
+    from attnrepro.data import class_balanced_subset, get_dataset, train_transform
+    from attnrepro.models import create_student
+    from attnrepro.train import TrainConfig, fit
+    cfg = cfg or ThroughputConfig()
+    if cfg.images % cfg.batch_size: raise ValueError(f"images={cfg.images} must be a multiple of batch_size={cfg.batch_size}")
+    if cfg.threads: torch.set_num_threads(cfg.threads)
+    ds = get_dataset(cfg.dataset, "train", transform=train_transform(cfg.augment, cfg.img_size))
+    n_cls = len(ds.classes)
+    data = class_balanced_subset(ds, per_class=-(-cfg.images // n_cls), seed=0)
+    data = torch.utils.data.Subset(data, range(cfg.images)) if len(data) > cfg.images else data
+    if len(data) < cfg.images: raise ValueError(f"{cfg.dataset} has {len(data)} training images, fewer than images={cfg.images}")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(cfg.images, 3, cfg.img_size, cfg.img_size, generator=g), torch.randint(0, n_cls, (cfg.images,), generator=g)
+    def model():
+        torch.manual_seed(0)
+        return create_student("vit", img_size=cfg.img_size, patch_size=cfg.patch_size, embed_dim=cfg.embed_dim,
+                              depth=cfg.depth, num_heads=cfg.num_heads, num_classes=n_cls)
+    tc = TrainConfig(epochs=1, batch_size=cfg.batch_size, lr=1e-3, warmup_epochs=0)
+    def reference():
+        m = model(); opt = torch.optim.AdamW(m.parameters(), 1e-3)
+        for i in range(0, cfg.images, cfg.batch_size):
+            loss = F.cross_entropy(m(x[i:i + cfg.batch_size]), y[i:i + cfg.batch_size])
+            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    runs = {"reference": reference,
+            "fit_tensors": lambda: fit(model(), torch.utils.data.TensorDataset(x, y), None, tc, progress=False),
+            "fit_pipeline": lambda: fit(model(), data, None, tc, progress=False)}
+    load_before, secs = _load1(), {k: [] for k in runs}
+    for _ in range(cfg.repeats):
+        for k, fn in runs.items():
+            t0 = time.perf_counter(); fn(); secs[k].append(time.perf_counter() - t0)
+    load_after = _load1()
+    ref = cfg.images / statistics.median(secs["reference"])
+    rows = [dict(path=k, images_per_s=cfg.images / statistics.median(v), fastest_images_per_s=cfg.images / min(v),
+                 vs_reference=(cfg.images / statistics.median(v)) / ref, repeats=len(v)) for k, v in secs.items()]
+    df = pd.DataFrame(rows)
+    df.attrs.update(config=dataclasses.asdict(cfg), load_before=load_before, load_after=load_after,
+                    machine=_machine("cpu"), threads=torch.get_num_threads(),
+                    date=datetime.date.today().isoformat())
+    return df
+

@@ -177,3 +177,15 @@ def test_cli_bench(tmp_path, capsys):
     assert main(["bench", "--img-size", "30", "--no-memory"]) == 2          # patch 8 does not tile 30 px
     assert main(["bench", "--depth", "2", "--distill-layers", "3", "--no-memory"]) == 2
     assert "distill_layers" in capsys.readouterr().err
+
+
+def test_bench_throughput_cli_writes_its_table(tmp_path):
+    "`attnrepro bench --throughput` times the reference loop, fit on tensors and fit on the CIFAR-10 pipeline."
+    import pandas as pd
+    from attnrepro.cli import main
+    out = tmp_path / "tp.csv"
+    assert main(["bench", "--throughput", "--img-size", "16", "--patch-size", "4", "--embed-dim", "24", "--depth", "1",
+                 "--num-heads", "3", "--batch-size", "64", "--images", "128", "--repeats", "1", "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    assert list(df.path) == ["reference", "fit_tensors", "fit_pipeline"] and (df.images_per_s > 0).all()
+    assert df.vs_reference.iloc[0] == 1.0 and "Training throughput" in out.with_suffix(".md").read_text()
