@@ -328,6 +328,7 @@ class ThroughputConfig:
 
 def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
     "Images per second of the reference loop, `fit` on tensors and `fit` on the dataset pipeline (median of `repeats`)."
+    from attnrepro.core import git_commit
     from attnrepro.data import class_balanced_subset, get_dataset, train_transform
     from attnrepro.models import create_student
     from attnrepro.train import TrainConfig, fit
@@ -365,6 +366,6 @@ def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df.attrs.update(config=dataclasses.asdict(cfg), load_before=load_before, load_after=load_after,
                     machine=_machine("cpu"), threads=torch.get_num_threads(),
-                    date=datetime.date.today().isoformat())
+                    date=datetime.date.today().isoformat(), git_commit=git_commit())
     return df
 

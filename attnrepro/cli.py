@@ -149,7 +149,8 @@ def _throughput(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, df.to_csv(index=False))
     atomic_write_text(out.with_suffix(".md"), f"**Training throughput** ({a['date']}, {a['machine']}, {a['threads']} torch "
-                      f"threads, load {a['load_before']} before / {a['load_after']} after; config {a['config']}): images/s "
+                      f"threads, load {a['load_before']} before / {a['load_after']} after; commit {a['git_commit']}; config "
+                      f"{a['config']}): images/s "
                       "of a plain PyTorch loop on pre-made tensors (reference), `fit` on the same tensors, and `fit` on "
                       "the dataset through its augmentation pipeline; medians over interleaved repeats.\n\n" + table + "\n")
     print(f"wrote {out} and {out.with_suffix('.md')}")
