@@ -167,3 +167,27 @@ def test_cls_attention_moves_inputs_to_the_models_device(source):
     m = frozen_copy(source).to("meta")
     a = cls_attention(m, torch.randn(2, 3, 32, 32), head_reduce="mean")
     assert a.device.type == "meta" and a.shape == (2, 4, 4)
+
+
+def test_gta_at_lambda_zero_trains_exactly_like_fine_tuning():
+    """GTA's path (source forward, logit capture, extra term) changes nothing but its loss: at lambda 0 the target's
+    weights equal plain fine-tuning's bit for bit, with drop-path on. (At any lambda > 0 AdamW moves the key bias,
+    which CE's softmax cannot see, by a full step: see papers/gta/profiles.yaml, pilot.)"""
+    from attnrepro.gta import frozen_copy, target_from_source, transfer_method
+    from attnrepro.models import create_student
+    from attnrepro.train import TrainConfig, fit
+    torch.manual_seed(0)
+    src = frozen_copy(create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0))
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.rand(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g))
+    def train(kind, coef=None):
+        torch.manual_seed(0)
+        tgt = target_from_source(src, 10, drop_path_rate=0.1)
+        fit(tgt, data, None, TrainConfig(epochs=2, batch_size=16, lr=1e-3, warmup_epochs=0, seed=3),
+            method=transfer_method(kind, tgt, src, coef), progress=False)
+        return tgt.state_dict()
+    base, gta0, gta = train("baseline"), train("gta", 0.0), train("gta", 1e-6)
+    assert all(torch.equal(base[k], gta0[k]) for k in base)
+    kb = slice(32, 64)   # qkv.bias = [q | k | v]: the key bias gets no CE gradient (softmax is shift-invariant)
+    # lambda 1e-6 still moves the key bias by a sizeable share of the 4 Adam steps' reach (4 x lr = 4e-3)
+    assert max((base[f"blocks.{i}.attn.qkv.bias"][kb] - gta[f"blocks.{i}.attn.qkv.bias"][kb]).abs().max() for i in range(2)) > 1e-4
