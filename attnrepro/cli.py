@@ -136,6 +136,8 @@ def _bench(args) -> int:
         print(f"wrote {args.out}")
     return 0
 
+def _num(x) -> str: return "unavailable" if x is None else f"{x:.2f}"
+
 def _throughput(args) -> int:
     from pathlib import Path
     from attnrepro.bench import ThroughputConfig, run_throughput
@@ -148,8 +150,8 @@ def _throughput(args) -> int:
     out = Path(args.out) if args.out else project_root() / "outputs" / "bench" / "throughput.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, df.to_csv(index=False))
-    atomic_write_text(out.with_suffix(".md"), f"**Training throughput** ({a['date']}, {a['machine']}, {a['threads']} torch "
-                      f"threads, load {a['load_before']} before / {a['load_after']} after; commit {a['git_commit']}; config "
+    atomic_write_text(out.with_suffix(".md"), f"**Training throughput** ({a['date']}, {a['machine']}, 1-min load "
+                      f"{_num(a['load_before'])} before / {_num(a['load_after'])} after; commit {a['git_commit']}; config "
                       f"{a['config']}): images/s "
                       "of a plain PyTorch loop on pre-made tensors (reference), `fit` on the same tensors, and `fit` on "
                       "the dataset through its augmentation pipeline; medians over interleaved repeats.\n\n" + table + "\n")

@@ -291,7 +291,7 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
             row.update({"effect vs baseline": "", "seeds/arm for +-effect/3": "", "paper effect": "",
                         "seeds/arm for +-paper effect/3": ""})
         else:
-            est = difference(a, base) if base.n > 1 or a.n > 1 or multi else None
+            est = difference(a, base) if multi else None   # every arm has a spread (own or borrowed) iff any has seeds
             row.update({"above chance": a.mean - chance if chance is not None else float("nan"), "floor": "",
                         "effect vs baseline": f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if est
                                               else f"{a.mean - base.mean:+.2f} (one seed each: no interval)",
