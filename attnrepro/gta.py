@@ -138,8 +138,11 @@ class TapTerm(LossTerm):
 GUIDE_TERM_NAMES = {"attn_logits": "gta", "block": "guide_block", "msa": "guide_msa"}
 
 def guidance_loss(target: Mapping[int, torch.Tensor], source: Mapping[int, torch.Tensor], feature: str,
-                  num_prefix_tokens: int = 1) -> torch.Tensor:
-    "Eq. 5 on `feature`: sum over blocks of the squared L2 (summed over all but the batch dim, batch mean)."
+                  num_prefix_tokens: int = 1, center: bool = False) -> torch.Tensor:
+    """Eq. 5 on `feature`: sum over blocks of the squared L2 (summed over all but the batch dim, batch mean).
+    `center` (attention logits only): compare logits centred per query row, see `gta_loss`."""
+    if center and feature != "attn_logits":
+        raise ValueError(f"guidance_loss: center=True applies to attention logits only, got feature={feature!r}")
     if feature not in GUIDE_FEATURES:
         raise ValueError(f"guidance_loss: feature={feature!r}; valid: {GUIDE_FEATURES}")
     if sorted(target) != sorted(source) or not target:
@@ -148,7 +151,8 @@ def guidance_loss(target: Mapping[int, torch.Tensor], source: Mapping[int, torch
     total = 0.0
     for i in sorted(target):
         if feature == "attn_logits":   # CLS query row, CLS key (and any other prefix key) excluded
-            total = total + gta_loss(target[i], source[i], cls_row=True, num_prefix_tokens=num_prefix_tokens)
+            total = total + gta_loss(target[i], source[i], cls_row=True, num_prefix_tokens=num_prefix_tokens,
+                                     center=center)
         else:
             s, t = target[i].float(), source[i].detach().float()
             if s.shape != t.shape:
@@ -158,14 +162,14 @@ def guidance_loss(target: Mapping[int, torch.Tensor], source: Mapping[int, torch
     return total
 
 def guidance_term(feature: str = "attn_logits", lam: float = 1.0, layers: Sequence[int] | None = None,
-                  num_prefix_tokens: int = 1) -> TapTerm:
+                  num_prefix_tokens: int = 1, center: bool = False) -> TapTerm:
     "Eq. 5 as a loss term weighted by `lam`: GTA on `attn_logits` (name `gta`), or `block` / `msa` outputs."
     if feature not in GUIDE_FEATURES:
         raise ValueError(f"guidance_term: feature={feature!r}; valid: {GUIDE_FEATURES}")
     def fn(ctx: StepContext) -> torch.Tensor:
         t, s = ctx.feats[feature], ctx.source_feats[feature]
         keep = sorted(ctx.term_layers[GUIDE_TERM_NAMES[feature]])
-        return guidance_loss({i: t[i] for i in keep}, {i: s[i] for i in keep}, feature, num_prefix_tokens)
+        return guidance_loss({i: t[i] for i in keep}, {i: s[i] for i in keep}, feature, num_prefix_tokens, center)
     return TapTerm(GUIDE_TERM_NAMES[feature], fn, lam, needs={feature: layers}, source_needs={feature: layers})
 
 # %% ../nbs/15_gta.ipynb #8c24b2e3
@@ -372,8 +376,12 @@ DEFAULT_COEF = {"gta": 10.0, "guide_block": 10.0, "guide_msa": 10.0, "l2sp": 0.1
 
 def transfer_method(kind: str, target: nn.Module, source: nn.Module | None = None, coef: float | None = None,
                     layers: Sequence[int] | None = None, l2sp_beta: float = 0.01, bss_k: int = 1,
-                    transmix: Mapping | None = None, extra_terms: Sequence[LossTerm] = ()) -> TransferMethod:
-    "The method `kind` of `METHODS` on `target` (already built with `target_from_source`), with coefficient `coef`."
+                    transmix: Mapping | None = None, extra_terms: Sequence[LossTerm] = (),
+                    center: bool = False) -> TransferMethod:
+    """The method `kind` of `METHODS` on `target` (already built with `target_from_source`), with coefficient `coef`.
+    `center=True` (GTA kinds only): the guidance compares attention logits centred per query row (see `gta_loss`)."""
+    if center and kind not in ("gta", "gta_transmix"):
+        raise ValueError(f"transfer_method: center=True applies to 'gta' and 'gta_transmix', not {kind!r}")
     if kind not in METHODS:
         raise ValueError(f"transfer_method: unknown kind {kind!r}; valid: {METHODS}")
     if coef is not None and kind not in DEFAULT_COEF:
@@ -382,7 +390,7 @@ def transfer_method(kind: str, target: nn.Module, source: nn.Module | None = Non
     terms, tm, overrides = [], None, {}
     set_finetune_part(target, {"attention_only": "attention", "ffn_only": "ffn"}.get(kind, "all"))
     if kind in ("gta", "gta_transmix"):
-        terms.append(guidance_term("attn_logits", c, layers, getattr(target, "num_prefix_tokens", 1)))
+        terms.append(guidance_term("attn_logits", c, layers, getattr(target, "num_prefix_tokens", 1), center))
     elif kind in ("guide_block", "guide_msa"):
         terms.append(guidance_term(kind.split("_")[1], c, layers))
     elif kind == "l2sp":

@@ -43,8 +43,10 @@ def attention_distillation_loss(student_logits: torch.Tensor, teacher_logits: to
 
 # %% ../nbs/04_losses.ipynb #1d21f487
 def gta_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, cls_row: bool = False,
-             num_prefix_tokens: int = 1) -> torch.Tensor:
-    "Squared L2 between CLS-query attention logits over the non-prefix keys; sum over keys and heads, mean over batch."
+             num_prefix_tokens: int = 1, center: bool = False) -> torch.Tensor:
+    """Squared L2 between CLS-query attention logits over the non-prefix keys; sum over keys and heads, mean over batch.
+    `center=True` subtracts each row's mean over those keys first: the softmax cannot see a constant added to a row
+    (the key bias adds exactly that), so the centred loss only constrains what the attention map shows."""
     if num_prefix_tokens < 0:
         raise ValueError(f"gta_loss: num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
     if cls_row:
@@ -64,6 +66,8 @@ def gta_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, cls_row
     if not cls_row:
         s, t = s[:, :, 0], t[:, :, 0]  # the CLS token is query 0
     s, t = s[..., num_prefix_tokens:], t[..., num_prefix_tokens:]
+    if center:
+        s, t = s - s.mean(-1, keepdim=True), t - t.mean(-1, keepdim=True)
     return (s - t).pow(2).sum(dim=(1, 2)).mean()
 
 # %% ../nbs/04_losses.ipynb #cf68fe34

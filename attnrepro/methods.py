@@ -169,8 +169,12 @@ register_method("deit_soft", paper="aal", teacher="cnn", student="deit", ce_weig
 
 # %% ../nbs/18_methods.ipynb #53c61187
 def _gta(kind, coef_default):
-    def factory(student, teacher, coef=coef_default, layers=None):
-        return student, transfer_method(kind, student, teacher, coef, layers)
+    if kind == "gta":
+        def factory(student, teacher, coef=coef_default, layers=None, center=False):
+            return student, transfer_method(kind, student, teacher, coef, layers, center=center)
+    else:
+        def factory(student, teacher, coef=coef_default, layers=None):
+            return student, transfer_method(kind, student, teacher, coef, layers)
     return factory
 
 def _finetune_variant(kind):

@@ -191,3 +191,42 @@ def test_gta_at_lambda_zero_trains_exactly_like_fine_tuning():
     kb = slice(32, 64)   # qkv.bias = [q | k | v]: the key bias gets no CE gradient (softmax is shift-invariant)
     # lambda 1e-6 still moves the key bias by a sizeable share of the 4 Adam steps' reach (4 x lr = 4e-3)
     assert max((base[f"blocks.{i}.attn.qkv.bias"][kb] - gta[f"blocks.{i}.attn.qkv.bias"][kb]).abs().max() for i in range(2)) > 1e-4
+
+
+def test_centred_gta_ignores_what_the_softmax_cannot_see():
+    """center=True: a constant added to a query row (what the key bias adds) leaves the loss unchanged, the loss equals
+    Eq. 5 on row-centred logits (by hand), and the key bias gets no gradient from it, while the raw loss gives it one."""
+    from attnrepro.losses import gta_loss
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 3, 9, generator=g), torch.randn(2, 3, 9, generator=g)
+    shift = torch.randn(2, 3, 1, generator=g)
+    raw, cen = gta_loss(s, t, cls_row=True), gta_loss(s, t, cls_row=True, center=True)
+    assert torch.allclose(gta_loss(s + shift, t, cls_row=True, center=True), cen, atol=1e-5)
+    assert not torch.allclose(gta_loss(s + shift, t, cls_row=True), raw, atol=1e-3)
+    sn, tn = s[..., 1:].numpy(), t[..., 1:].numpy()           # CLS key excluded, then centred over the 8 patch keys
+    d = (sn - sn.mean(-1, keepdims=True)) - (tn - tn.mean(-1, keepdims=True))
+    assert cen.item() == pytest.approx(float((d ** 2).sum(axis=(1, 2)).mean()), rel=1e-5)
+    assert cen.item() < raw.item()   # centring removes the mean offset: never more than the raw distance here
+
+    torch.manual_seed(0)
+    src = frozen_copy(create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0))
+    x = torch.rand(4, 3, 32, 32, generator=g)
+    kb = slice(32, 64)   # qkv.bias = [q | k | v]
+    def guidance_grads(center):
+        torch.manual_seed(1)
+        tgt = target_from_source(src, 10)
+        with torch.no_grad():   # move the target off the source so the guidance has something to pull
+            for p in tgt.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        meth = TransferMethod(tgt, src, [guidance_term("attn_logits", 1.0, center=center)])
+        ctx = StepContext(x=x, y=torch.zeros(4, dtype=torch.long), target=None, model=tgt, train_model=tgt,
+                          device=torch.device("cpu"), step=0, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+        meth.before_forward(ctx)
+        meth.forward(ctx)
+        meth.terms[1].fn(ctx).backward()
+        return [(b.attn.qkv.bias.grad[kb].norm().item(), b.attn.qkv.weight.grad.norm().item()) for b in tgt.blocks]
+    raw_g, cen_g = guidance_grads(False), guidance_grads(True)
+    assert all(kbias > 1e-2 for kbias, _ in raw_g)
+    assert all(kbias < 1e-5 * w for kbias, w in cen_g) and all(w > 1e-2 for _, w in cen_g)
+    with pytest.raises(ValueError, match="center=True applies"):
+        transfer_method("l2sp", target_from_source(src, 10), src, center=True)
