@@ -162,16 +162,20 @@ class AgentCNN(nn.Module):
     "The agent CNN of a timm ViT (`arch` in AGENT_ARCHS); `shared=True` uses the ViT's MHSA/FFN weights."
     def __init__(self, vit: VisionTransformer, arch: str = "res_like", shared: bool = False,
                  down_sample_layers: Sequence[int] | None = None, mid_channels: int = 64, in_chans: int = 3,
-                 stem_pool: bool = True):
+                 stem_pool: bool = True, stem_conv_stride: int = 2):
         super().__init__()
         if arch not in AGENT_ARCHS:
             raise ValueError(f"AgentCNN: unknown arch {arch!r}; valid: {AGENT_ARCHS}")
         if arch == "base" and not stem_pool:
             raise ValueError("AgentCNN: stem_pool=False applies to the res_like stem only; the base stem has no pooling")
+        if stem_conv_stride not in (1, 2) or (arch == "base" and stem_conv_stride != 2):
+            raise ValueError(f"AgentCNN: stem_conv_stride={stem_conv_stride!r}; valid: 2 (the paper's), or 1 for the "
+                             "res_like stem (halves the agent's total stride)")
         if not isinstance(vit, VisionTransformer):
             raise TypeError(f"AgentCNN: expected a timm VisionTransformer, got {type(vit).__name__}")
         dim, depth = vit.embed_dim, len(vit.blocks)
         self.arch, self.shared, self.embed_dim, self.depth, self.stem_pool = arch, shared, dim, depth, stem_pool
+        self.stem_conv_stride = stem_conv_stride
         self.num_heads = vit.blocks[0].attn.num_heads
         self.img_size = tuple(vit.patch_embed.img_size)
         self.num_classes = vit.num_classes
@@ -185,7 +189,7 @@ class AgentCNN(nn.Module):
                                       nn.BatchNorm2d(mid_channels), copy.deepcopy(act),
                                       # stem_pool=False: Identity at index 3 keeps the state-dict keys (stem.4.*)
                                       nn.MaxPool2d(3, stride=2, padding=1) if stem_pool else nn.Identity(),
-                                      nn.Conv2d(mid_channels, dim, 3, stride=2, padding=1))
+                                      nn.Conv2d(mid_channels, dim, 3, stride=stem_conv_stride, padding=1))
             if down_sample_layers is None:
                 down_sample_layers = res_like_down_sample_layers(depth)
         bad = [i for i in down_sample_layers if not 0 <= i < depth]

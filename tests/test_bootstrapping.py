@@ -344,6 +344,19 @@ def test_stem_pool_false_equals_dropping_the_maxpool():
         AgentCNN(vit, "base", stem_pool=False)
 
 
+def test_stem_conv_stride_one_halves_the_agents_stride():
+    "stem_conv_stride=1 (with stem_pool=False): stride 2, maps 16 / 8 at 32 px, the same parameters and keys."
+    vit = tiny_vit()
+    x = torch.randn(2, 3, 32, 32)
+    a2, a1 = AgentCNN(vit, "res_like", stem_pool=False), AgentCNN(vit, "res_like", stem_pool=False, stem_conv_stride=1)
+    assert [t.shape[-1] for t in a1.eval().forward_with_features(x)[1]] == [16, 8]
+    assert a1.stem[4].stride == (1, 1) and a2.stem[4].stride == (2, 2)
+    assert {k: v.shape for k, v in a1.state_dict().items()} == {k: v.shape for k, v in a2.state_dict().items()}
+    for bad in (dict(arch="res_like", stem_conv_stride=3), dict(arch="base", stem_conv_stride=1)):
+        with pytest.raises(ValueError, match="stem_conv_stride"):
+            AgentCNN(vit, **bad)
+
+
 # ---------------------------------------------------------------- baselines: sparse attention, SAM
 
 from attnrepro.bootstrapping import EntmaxBisect, entmax_bisect, sam_method, sparse_attention_
