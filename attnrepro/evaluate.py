@@ -59,8 +59,11 @@ def ensemble_softmax(list_of_logits: Sequence) -> torch.Tensor:
 
 # %% ../nbs/05_evaluate.ipynb #b4b7f287
 def knn_accuracy(train_feats, train_labels, test_feats, test_labels, k: int | Sequence[int] = 20,
-                 T: float = 0.07, num_classes: int | None = None, batch_size: int = 1024) -> dict:
-    "DINO weighted k-NN accuracy (percent): `{'top1', 'top5'}` for an int `k`, `{k: {'top1', 'top5'}}` for a list."
+                 T: float = 0.07, num_classes: int | None = None, batch_size: int = 1024,
+                 return_correct: bool = False) -> dict:
+    """DINO weighted k-NN accuracy (percent): `{'top1', 'top5'}` for an int `k`, `{k: {'top1', 'top5'}}` for a list.
+    `return_correct`: each result also holds `correct`, the per-test-example top-1 hits (numpy bool), for paired
+    comparisons of two models on the same test set (`attnrepro.verdicts.paired_difference`)."""
     xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
     if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
         raise ValueError(f"knn_accuracy: expected features (n_train, d) and (n_test, d), got {tuple(xtr.shape)} "
@@ -77,19 +80,23 @@ def knn_accuracy(train_feats, train_labels, test_feats, test_labels, k: int | Se
     xtr, xte = F.normalize(xtr, dim=1), F.normalize(xte, dim=1)
     kmax = max(ks)
     hits = {kk: [0, 0] for kk in ks}
+    correct = {kk: [] for kk in ks}
     for start in range(0, len(xte), batch_size):
         q, y = xte[start:start + batch_size], yte[start:start + batch_size]
         sim, idx = (q @ xtr.T).topk(kmax, dim=1)  # sorted, most similar first
         nb, w = ytr[idx], (sim / T).exp()
         for kk in ks:
             votes = torch.zeros(len(q), n_cls).scatter_add_(1, nb[:, :kk], w[:, :kk])
-            hits[kk][0] += int((votes.argmax(1) == y).sum())
+            hit = votes.argmax(1) == y
+            hits[kk][0] += int(hit.sum())
+            correct[kk].append(hit)
             if n_cls >= 5:
                 in_top5 = (votes.topk(5, dim=1).indices == y[:, None]).any(1)
                 hits[kk][1] += int((in_top5 & (votes.gather(1, y[:, None])[:, 0] > 0)).sum())
     def res(kk):
         out = {"top1": 100.0 * hits[kk][0] / len(xte)}
         if n_cls >= 5: out["top5"] = 100.0 * hits[kk][1] / len(xte)
+        if return_correct: out["correct"] = torch.cat(correct[kk]).numpy()
         return out
     return res(ks[0]) if isinstance(k, int) else {kk: res(kk) for kk in ks}
 
@@ -103,8 +110,9 @@ class LinearProbe(nn.Sequential):
 
 def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int, lr: float, batch_size: int,
                  weight_decay: float = 0.0, seed: int = 0, num_classes: int | None = None,
-                 return_probe: bool = False):
-    "Train a `LinearProbe` on frozen features (SGD momentum 0.9, cosine lr); top-1/top-5 test accuracy in percent."
+                 return_probe: bool = False, return_correct: bool = False):
+    """Train a `LinearProbe` on frozen features (SGD momentum 0.9, cosine lr); top-1/top-5 test accuracy in percent.
+    `return_correct`: the result also holds `correct`, the per-test-example top-1 hits (numpy bool)."""
     xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
     if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
         raise ValueError(f"linear_probe: expected features (n_train, d) and (n_test, d), got {tuple(xtr.shape)} "
@@ -144,6 +152,7 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int
         logits = torch.cat([probe(xte[s:s + 4096]) for s in range(0, len(xte), 4096)])
     acc = topk_accuracy(logits, yte, ks=(1, 5) if n_cls >= 5 else (1,))
     out = {f"top{k}": v for k, v in acc.items()}
+    if return_correct: out["correct"] = (logits.argmax(1) == yte).numpy()
     return (out, probe) if return_probe else out
 
 # %% ../nbs/05_evaluate.ipynb #6a33a2a9

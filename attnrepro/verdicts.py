@@ -12,9 +12,9 @@ import numpy as np
 from scipy import stats
 
 # %% auto #0
-__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference', 'Verdict',
-           'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed',
-           'pilot_table']
+__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference',
+           'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable',
+           'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -150,6 +150,54 @@ def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimat
     "`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise)."
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
+# %% ../nbs/17_verdicts.ipynb #348eb0de
+def pack_correct(correct) -> str:
+    "Per-image top-1 hits (bool array) as a compact string for a run's JSON (base64 of the packed bits)."
+    import base64
+    c = np.asarray(correct)
+    if c.ndim != 1 or c.size == 0: raise ValueError(f"pack_correct: expected a non-empty 1-D array, got shape {c.shape}")
+    if c.dtype != bool and not np.isin(c, (0, 1)).all():
+        raise ValueError("pack_correct: values must be booleans or 0/1")
+    return f"{c.size}:" + base64.b64encode(np.packbits(c.astype(bool))).decode("ascii")
+
+def unpack_correct(packed: str) -> np.ndarray:
+    "The bool array `pack_correct` stored."
+    import base64
+    try:
+        n, data = packed.split(":", 1)
+        bits = np.unpackbits(np.frombuffer(base64.b64decode(data, validate=True), dtype=np.uint8))[:int(n)]
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"unpack_correct: not a pack_correct string ({str(packed)[:40]!r}...): {e}") from None
+    if bits.size != int(n): raise ValueError(f"unpack_correct: string holds {bits.size} bits, header says {n}")
+    return bits.astype(bool)
+
+def _hits(correct) -> np.ndarray:
+    rows = [unpack_correct(c) if isinstance(c, str) else np.asarray(c, dtype=bool) for c in correct]
+    if not rows or len({r.size for r in rows}) != 1:
+        raise ValueError(f"paired_difference: per-seed hit arrays must be non-empty and of one length, got "
+                         f"{[r.size for r in rows]}")
+    return np.stack(rows).astype(float)
+
+def paired_difference(a: Arm, b: Arm, correct_a, correct_b, label: str = "", level: float = LEVEL) -> Estimate:
+    """`mean(a) - mean(b)` for two arms scored on the same test images: `correct_a` / `correct_b` hold each seed's
+    per-image top-1 hits (arrays or `pack_correct` strings), in the order of `a.values` / `b.values` (percent
+    accuracies). Seed noise as in `difference` (own or borrowed sd); test-set noise from the per-image difference."""
+    A, B = _hits(correct_a), _hits(correct_b)
+    if A.shape[1] != B.shape[1]:
+        raise ValueError(f"paired_difference: {a.name!r} was scored on {A.shape[1]} images, {b.name!r} on {B.shape[1]}: "
+                         "a paired comparison needs the same test set")
+    for arm_, H in ((a, A), (b, B)):
+        if len(H) != arm_.n or not np.allclose(100 * H.mean(1), arm_.values, atol=0.01):
+            raise ValueError(f"paired_difference: the hits of {arm_.name!r} ({np.round(100 * H.mean(1), 2).tolist()}) do "
+                             f"not match its values {list(arm_.values)}: pass them seed by seed, in the same order")
+    a0, b0 = (Arm(x.values, x.name, None, x.sd_seed, x.sd_df) for x in (a, b))   # test noise comes from the pairs
+    seed_only = difference(a0, b0, label or f"{a.name} - {b.name}", level)
+    test_var = 1e4 * float(np.var(A.mean(0) - B.mean(0), ddof=1)) / A.shape[1]
+    seed_var = seed_only.se ** 2
+    df = math.inf if seed_var == 0 else seed_only.df * (seed_var + test_var) ** 2 / seed_var ** 2
+    return Estimate(seed_only.label, seed_only.effect, math.sqrt(seed_var + test_var), df,
+                    f"{seed_only.n}, paired on test n={A.shape[1]}", level)
+
 # %% ../nbs/17_verdicts.ipynb #4d8ee0cb
 @dataclass
 class Verdict:
@@ -250,13 +298,16 @@ def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
 
 # %% ../nbs/17_verdicts.ipynb #f4ea2999
 def seeds_needed(sd_seed: float, target_half_width: float, n_test: int | None = None, accuracy: float | None = None,
-                 max_seeds: int = 50) -> int | None:
+                 max_seeds: int = 50, paired_test_var: float | None = None) -> int | None:
     """Smallest seeds per arm n (>= 2) with t(0.975, 2n - 2) * sqrt(2 sd^2 / n + 2 * test_var) <= target, where test_var
-    is the binomial variance of `accuracy` (%) on `n_test` images; None if even `max_seeds` do not suffice."""
+    is the binomial variance of `accuracy` (%) on `n_test` images; None if even `max_seeds` do not suffice.
+    `paired_test_var` (points^2): the measured test-set variance of a paired difference (`paired_difference`), used
+    in place of the two binomial terms (kept fixed as seeds grow: a slight overestimate)."""
     if target_half_width <= 0: raise ValueError(f"target_half_width must be > 0, got {target_half_width}")
     test_var = 0.0 if n_test is None else 1e4 * (accuracy / 100) * (1 - accuracy / 100) / n_test
+    test_term = 2 * test_var if paired_test_var is None else paired_test_var
     for n in range(2, max_seeds + 1):
-        if _tcrit(0.975, 2 * n - 2) * math.sqrt(2 * sd_seed ** 2 / n + 2 * test_var) <= target_half_width: return n
+        if _tcrit(0.975, 2 * n - 2) * math.sqrt(2 * sd_seed ** 2 / n + test_term) <= target_half_width: return n
     return None
 
 # %% ../nbs/17_verdicts.ipynb #5cdd0100
@@ -265,7 +316,9 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
     """A pilot's table (pandas DataFrame): one row per arm of `runs` ({arm: [result dict per seed]}), with the mean of
     `metric`, per-seed values, sd, the baseline's margin over `chance` and whether it reaches `floor`, each other arm's
     effect over `baseline` [95 % interval], and the seeds per arm for a half-width of a third of the measured effect and of
-    `claimed[arm]` (the paper's effect, points). `df.attrs["pooled_sd"]` holds the pooled seed sd and its df."""
+    `claimed[arm]` (the paper's effect, points). `df.attrs["pooled_sd"]` holds the pooled seed sd and its df.
+    When every run of an arm and of the baseline carries `correct` (per-image hits, `pack_correct`), that arm's
+    effect is paired on the shared test set (`paired_difference`); `df.attrs["paired"]` lists those arms."""
     import pandas as pd
     if baseline not in runs:
         raise ValueError(f"baseline {baseline!r} is not an arm of the pilot; arms: {sorted(runs)}")
@@ -276,9 +329,11 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
     # a one-seed arm borrows the pilot's pooled spread (stated in the caption by the caller)
     arms = {k: a if a.n > 1 or not multi else arm(a.values, k, a.n_test, sd_seed=sd, sd_df=df) for k, a in arms.items()}
     base = arms[baseline]
-    def need(effect):
+    has_hits = {k: all(r.get("correct") is not None for r in rs) for k, rs in runs.items()}
+    paired = [k for k in arms if k != baseline and has_hits[k] and has_hits[baseline]]
+    def need(effect, paired_var=None):
         if not multi or not np.isfinite(effect) or effect == 0: return ""
-        n = seeds_needed(sd, abs(effect) / 3, base.n_test, base.mean)
+        n = seeds_needed(sd, abs(effect) / 3, base.n_test, base.mean, paired_test_var=paired_var)
         return n if n is not None else "more than 50"
     rows = []
     for k, a in arms.items():
@@ -291,16 +346,25 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
             row.update({"effect vs baseline": "", "seeds/arm for +-effect/3": "", "paper effect": "",
                         "seeds/arm for +-paper effect/3": ""})
         else:
-            est = difference(a, base) if multi else None   # every arm has a spread (own or borrowed) iff any has seeds
+            est, pvar = None, None
+            if multi:   # every arm has a spread (own or borrowed) iff any has seeds
+                if k in paired:
+                    est = paired_difference(a, base, [r["correct"] for r in runs[k]],
+                                            [r["correct"] for r in runs[baseline]])
+                    pvar = est.se ** 2 - difference(arm(a.values, k, None, a.sd_seed, a.sd_df),
+                                                    arm(base.values, baseline, None, base.sd_seed, base.sd_df)).se ** 2
+                else:
+                    est = difference(a, base)
             row.update({"above chance": a.mean - chance if chance is not None else float("nan"), "floor": "",
                         "effect vs baseline": f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if est
                                               else f"{a.mean - base.mean:+.2f} (one seed each: no interval)",
-                        "seeds/arm for +-effect/3": need(est.effect) if est else "",
+                        "seeds/arm for +-effect/3": need(est.effect, pvar) if est else "",
                         "paper effect": f"{claimed[k]:+.2f}" if k in claimed else "",
-                        "seeds/arm for +-paper effect/3": need(claimed.get(k, float("nan")))})
+                        "seeds/arm for +-paper effect/3": need(claimed.get(k, float("nan")), pvar)})
         row["min per run"] = float(np.mean([r.get("wall_time_s", float("nan")) for r in runs[k]])) / 60
         rows.append(row)
     out = pd.DataFrame(rows)
     out.attrs["pooled_sd"] = (sd, df)
+    out.attrs["paired"] = paired
     return out
 

@@ -91,6 +91,19 @@ def test_knn_top5_only_with_five_classes_and_errors():
     with pytest.raises(ValueError, match="num_classes=2"):
         E.knn_accuracy(x, y, x, y, k=3, num_classes=2)
 
+def test_knn_and_probe_per_image_hits_match_their_accuracy(clusters):
+    "return_correct: one hit per test example, whose mean is the reported top-1, for an int k and a list of k."
+    xtr, ytr, xte, yte, C = clusters
+    one = E.knn_accuracy(xtr, ytr, xte, yte, k=5, batch_size=7, return_correct=True)
+    assert one["correct"].dtype == bool and one["correct"].shape == (len(yte),)
+    assert 100 * one["correct"].mean() == pytest.approx(one["top1"])
+    multi = E.knn_accuracy(xtr, ytr, xte, yte, k=[1, 20], return_correct=True)
+    assert all(100 * multi[k]["correct"].mean() == pytest.approx(multi[k]["top1"]) for k in (1, 20))
+    assert not (multi[1]["correct"] == multi[20]["correct"]).all()   # the hits belong to their own k
+    lp = E.linear_probe(xtr, ytr, xte, yte, epochs=3, lr=0.1, batch_size=32, return_correct=True)
+    assert lp["correct"].shape == (len(yte),) and 100 * lp["correct"].mean() == pytest.approx(lp["top1"])
+    assert "correct" not in E.knn_accuracy(xtr, ytr, xte, yte, k=5)
+
 # ---- linear probe and feature extraction --------------------------------------------------------------
 
 def test_linear_probe_module_layout():

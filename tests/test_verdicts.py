@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from attnrepro.verdicts import arm, contrast, difference, gap_fraction, greater, pooled_sd, reported, within
+from attnrepro.verdicts import (arm, contrast, difference, gap_fraction, greater, pack_correct, paired_difference,
+                                pooled_sd, reported, unpack_correct, within)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -59,3 +60,35 @@ def test_verdict_words_follow_the_interval():
     assert within(difference(arm([1.0, 1.1, 0.9]), arm([1.05, 0.95, 1.0])), 0.5).verdict == "holds"
     sd, df = pooled_sd([arm([1.0, 2.0]), arm([3.0, 5.0])])
     assert df == 2 and sd == pytest.approx(math.sqrt((0.5 + 2.0) / 2))
+
+
+def test_paired_difference_against_a_paired_t_on_one_seed_each():
+    """One seed per arm with no seed noise (sd 0): the interval is the paired t (normal) interval of the per-image
+    difference, as scipy computes it; the unpaired binomial interval is much wider on correlated models."""
+    rng = np.random.default_rng(3)
+    both = rng.random(5000) < 0.5
+    a_hits, b_hits = both | (rng.random(5000) < 0.04), both & (rng.random(5000) > 0.02)
+    a = arm([100 * a_hits.mean()], "a", sd_seed=0.0)
+    b = arm([100 * b_hits.mean()], "b", sd_seed=0.0)
+    est = paired_difference(a, b, [pack_correct(a_hits)], [b_hits])
+    d = 100 * (a_hits.astype(float) - b_hits)
+    assert est.effect == pytest.approx(d.mean())
+    assert est.se == pytest.approx(stats.sem(d))
+    assert math.isinf(est.df) and est.ci_low == pytest.approx(d.mean() - 1.959964 * stats.sem(d), rel=1e-5)
+    unpaired = difference(arm(a.values, n_test=5000, sd_seed=0.0), arm(b.values, n_test=5000, sd_seed=0.0))
+    assert est.se < unpaired.se / 2
+
+
+def test_paired_difference_errors_and_packing():
+    h = np.array([True, False, True, True, False, False, True, False, True])
+    assert (unpack_correct(pack_correct(h)) == h).all() and pack_correct(h).startswith("9:")
+    assert (unpack_correct(pack_correct([1, 0, 1])) == [True, False, True]).all()
+    with pytest.raises(ValueError, match="0/1"):
+        pack_correct([0, 2])
+    with pytest.raises(ValueError, match="not a pack_correct string"):
+        unpack_correct("garbage")
+    a, b = arm([100 * h.mean()], "a", sd_seed=0.0), arm([50.0], "b", sd_seed=0.0)
+    with pytest.raises(ValueError, match="same test set"):
+        paired_difference(a, b, [h], [np.ones(4, bool)])
+    with pytest.raises(ValueError, match="do not match"):
+        paired_difference(a, arm([10.0], "b", sd_seed=0.0), [h], [h])
