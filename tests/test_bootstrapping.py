@@ -464,3 +464,27 @@ def test_sam_method_one_fit_epoch():
     res = fit(vit, ds, None, TrainConfig(epochs=1, batch_size=4, warmup_epochs=0), sam_method(0.1), progress=False)
     assert res["method"] == "sam" and math.isfinite(res["history"][0]["loss_ce"])
     assert all(p.isfinite().all() for p in vit.parameters())
+
+
+# ---------------------------------------------------------------- the paper profile against the official configs
+# Transcribed from zhfeing/Bootstrapping-ViTs-pytorch @85f12e9 (config/cifar100/...): training.batch_size is 64 in
+# every config (vit/vit-small.yaml l.21, cnn/resnet50.yaml l.21, joint/agent-small-res_like-vit-small.yaml l.38,
+# shared/agent-small-res_like-vit-small.yaml l.21) and is the global batch (vit_mutual/data/__init__.py l.95-100 divide it
+# by the GPUs: 32 on each of two, the paper's "32 on two A100"); loss weight_dict of joint (l.51-60) and shared (l.85-92).
+OFFICIAL_BATCH = 64
+OFFICIAL_JOINT = dict(cls=1.0, kd=1.0, hint_cnn=0.0, hint_vit=10.0, kd_temp=4.0)
+OFFICIAL_SHARED = dict(cls=0.5, kd=0.5, hint_cnn=0.0, hint_vit=5.0, kd_temp=4.0)   # cls_cnn = cls_vit, kd_cnn = kd_vit
+
+
+def test_paper_profile_keeps_the_official_batch_and_loss_weights():
+    "Not Eq. 9 as printed (feature term 1, mutual KD 10): the official weights, feature hint 10 and KD 1."
+    from attnrepro.report import load_profile
+    P = load_profile("bootstrapping_vit", "paper")
+    assert P["train"]["batch_size"] == P["train_cnn"]["batch_size"] == OFFICIAL_BATCH
+    for key, off in (("joint", OFFICIAL_JOINT), ("shared", OFFICIAL_SHARED)):
+        w = P[key]
+        assert w["w_ce"] == w["w_ce_agent"] == off["cls"], key
+        assert w["w_kd"] == w["w_kd_agent"] == off["kd"], key
+        assert w["w_hint"] == off["hint_vit"] and w["T"] == off["kd_temp"], key
+        assert off["hint_cnn"] == 0 and [k for k in w if "hint" in k] == ["w_hint"]   # no agent-side hint term
+        assert w["w_hint"] / w["w_kd"] == 10   # beta (feature) / alpha (KD): the official ratio, Eq. 9's inverse
