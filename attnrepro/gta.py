@@ -24,8 +24,9 @@ __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVE
            'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy', 'set_drop_path',
            'target_from_source', 'FeatureTap', 'TapTerm', 'guidance_loss', 'guidance_term', 'l2sp_penalties',
            'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box', 'patch_box_mask', 'transmix_lambda',
-           'mixed_targets', 'TransferMethod', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard',
-           'ClassGroup', 'finetune_transform', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
+           'mixed_targets', 'TransferMethod', 'term_grad_norms', 'grad_norm_summary', 'transfer_method',
+           'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup', 'finetune_transform', 'best_coef',
+           'tie_text', 'heldout_split', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
            'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
            'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
 
@@ -278,11 +279,18 @@ def mixed_targets(y: torch.Tensor, lam_pasted: torch.Tensor, num_classes: int, s
 
 # %% ../nbs/15_gta.ipynb #3031bac2
 class TransferMethod(Method):
-    "Fine-tune `target` with CE + `terms` (GTA, variants, L2-SP, BSS, ...) and optional TransMix, against a frozen `source`."
+    """Fine-tune `target` with CE + `terms` (GTA, variants, L2-SP, BSS, ...) and optional TransMix, against a frozen `source`.
+    `grad_norm_every=n`: on every n-th global step, log `term_grad_norms` in `self.state["grad_norms"]` (a list of
+    {step, <term>, <term>_backbone}; saved with checkpoints). It costs one extra backward per term on those steps only
+    and leaves the update itself unchanged."""
     def __init__(self, target: nn.Module, source: nn.Module | None = None, terms: Sequence[LossTerm] = (),
                  transmix: Mapping | None = None, ce_weight: float = 1.0, name: str = "transfer",
-                 train_overrides: Mapping | None = None):
+                 train_overrides: Mapping | None = None, grad_norm_every: int | None = None):
         _vit(target, "TransferMethod")
+        if grad_norm_every is not None and (isinstance(grad_norm_every, bool) or not isinstance(grad_norm_every, int)
+                                            or grad_norm_every < 1):
+            raise ValueError(f"TransferMethod: grad_norm_every must be a positive int (log every n-th step) or None, "
+                             f"got {grad_norm_every!r}")
         terms = [LossTerm("ce", ce_loss, ce_weight), *terms]
         super().__init__(terms, name=name, frozen_modules={"source": source} if source is not None else None)
         depth = len(target.blocks)
@@ -317,6 +325,15 @@ class TransferMethod(Method):
                 self.needs.setdefault("attn_logits", set()).add(depth - 1)
         self.train_overrides = dict(train_overrides or {})
         self.num_prefix_tokens = int(getattr(target, "num_prefix_tokens", 1))
+        self.grad_norm_every = grad_norm_every
+        if grad_norm_every is not None:   # an instance hook: without the log the default backward (and DDP path) stays
+            self.backward = self._backward_logging_grad_norms
+
+    def _backward_logging_grad_norms(self, ctx: StepContext) -> None:
+        "Every `grad_norm_every`-th global step: log each weighted term's gradient norm, then the usual backward."
+        if ctx.step % self.grad_norm_every == 0:
+            self.state.setdefault("grad_norms", []).append(dict(step=int(ctx.step), **term_grad_norms(ctx)))
+        ctx.loss.backward()
 
     # --- hooks ----------------------------------------------------------------------------------
     def before_forward(self, ctx: StepContext) -> None:
@@ -368,6 +385,32 @@ class TransferMethod(Method):
         grid = ctx.model.patch_embed.grid_size
         ctx.box_mask = patch_box_mask((y0, y1, x0, x1), (h, w), grid).to(x.device)
 
+# %% ../nbs/15_gta.ipynb #a1b2c3d5
+def term_grad_norms(ctx: StepContext, head_prefix: str = "head.") -> dict[str, float]:
+    """L2 norm of the gradient of each weighted term (`ctx.weighted`) w.r.t. the trainable parameters of `ctx.model`:
+    `<term>` over all of them, `<term>_backbone` without the head. The graph is kept for the step's real backward."""
+    named = [(n, p) for n, p in ctx.model.named_parameters() if p.requires_grad]
+    head = torch.tensor([_is_head(n, head_prefix) for n, _ in named], dtype=torch.bool)
+    out = {}
+    for name, v in ctx.weighted.items():
+        if not v.requires_grad:   # a term that does not depend on any parameter
+            out[name] = out[f"{name}_backbone"] = 0.0
+            continue
+        gs = torch.autograd.grad(v, [p for _, p in named], retain_graph=True, allow_unused=True)
+        sq = torch.stack([g.float().pow(2).sum() if g is not None else v.new_zeros(()) for g in gs]).cpu()
+        out[name], out[f"{name}_backbone"] = float(sq.sum().sqrt()), float(sq[~head].sum().sqrt())
+    return out
+
+def grad_norm_summary(log: Sequence[Mapping], skip_step0: bool = True) -> dict[str, float]:
+    """Median over the logged steps of each entry of a `TransferMethod(grad_norm_every=...)` log (step 0 skipped by
+    default: the guidance is 0 there, the target being the source), plus `n_steps`; {} for an empty log."""
+    rows = [r for r in log if not (skip_step0 and r["step"] == 0)] or list(log)
+    if not rows:
+        return {}
+    keys = [k for k in rows[0] if k != "step"]
+    return {**{k: float(np.median([r[k] for r in rows])) for k in keys}, "n_steps": len(rows)}
+
+
 # %% ../nbs/15_gta.ipynb #e79fd52b
 METHODS = ("baseline", "gta", "guide_block", "guide_msa", "l2sp", "bss", "attention_only", "ffn_only",
            "transmix", "gta_transmix", "cutmix")
@@ -377,9 +420,10 @@ DEFAULT_COEF = {"gta": 10.0, "guide_block": 10.0, "guide_msa": 10.0, "l2sp": 0.1
 def transfer_method(kind: str, target: nn.Module, source: nn.Module | None = None, coef: float | None = None,
                     layers: Sequence[int] | None = None, l2sp_beta: float = 0.01, bss_k: int = 1,
                     transmix: Mapping | None = None, extra_terms: Sequence[LossTerm] = (),
-                    center: bool = False) -> TransferMethod:
+                    center: bool = False, grad_norm_every: int | None = None) -> TransferMethod:
     """The method `kind` of `METHODS` on `target` (already built with `target_from_source`), with coefficient `coef`.
-    `center=True` (GTA kinds only): the guidance compares attention logits centred per query row (see `gta_loss`)."""
+    `center=True` (GTA kinds only): the guidance compares attention logits centred per query row (see `gta_loss`).
+    `grad_norm_every=n`: log each term's gradient norm every n-th step (`TransferMethod`, `term_grad_norms`)."""
     if center and kind not in ("gta", "gta_transmix"):
         raise ValueError(f"transfer_method: center=True applies to 'gta' and 'gta_transmix', not {kind!r}")
     if kind not in METHODS:
@@ -401,7 +445,8 @@ def transfer_method(kind: str, target: nn.Module, source: nn.Module | None = Non
     if kind in ("transmix", "gta_transmix", "cutmix"):
         tm = dict(transmix or {}, label="area" if kind == "cutmix" else (transmix or {}).get("label", "attention"))
     return TransferMethod(target, source if any(getattr(t, "source_needs", None) for t in terms) else None,
-                          [*terms, *extra_terms], transmix=tm, name=kind, train_overrides=overrides)
+                          [*terms, *extra_terms], transmix=tm, name=kind, train_overrides=overrides,
+                          grad_norm_every=grad_norm_every)
 
 # %% ../nbs/15_gta.ipynb #787ab37a
 HEAD_REDUCE = ("max", "mean")
@@ -488,6 +533,48 @@ def finetune_transform(img_size: int, randaugment: str | None = "rand-m9-mstd0.5
     ra = [rand_augment(img_size, randaugment)] if randaugment is not None else []
     return T.Compose(train_crop(img_size) + [T.RandomHorizontalFlip(), *ra, T.ToTensor(),
                                              T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+# %% ../nbs/15_gta.ipynb #b1c2d3e5
+def best_coef(scores: Mapping[float, float]) -> tuple[float, tuple[float, ...]]:
+    """(chosen, tied): the coefficient with the highest score, and every coefficient whose score equals it, sorted.
+    A tie goes to the smallest (the weakest regularisation); `len(tied) > 1` says that the choice was a tie-break."""
+    if not scores:
+        raise ValueError("best_coef: no scores given (has no run of the coefficient grid finished?)")
+    vals = {float(c): float(v) for c, v in scores.items()}
+    bad = {c: v for c, v in vals.items() if not math.isfinite(v)}
+    if bad:
+        raise ValueError(f"best_coef: non-finite scores {bad}; a failed run cannot be ranked")
+    top = max(vals.values())
+    tied = tuple(sorted(c for c, v in vals.items() if v == top))
+    return tied[0], tied
+
+def tie_text(tied: Sequence[float]) -> str:
+    "'1=10=100' for a tie (the first one is used), '10' for a clear choice."
+    return "=".join(f"{c:g}" for c in tied)
+
+def heldout_split(dataset, fraction: float = 0.2, seed: int = 0, eval_dataset=None):
+    """Split a training dataset into (fit, held-out) `LabelledSubset`s, class-balanced: round(n_c * fraction) images of
+    every class c held out (at least 1, leaving at least 1 to fit), drawn with `seed`. The held-out part is taken from
+    `eval_dataset` when given (the same images, in the same order, under the evaluation transform)."""
+    from attnrepro.data import LabelledSubset
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
+        raise ValueError(f"heldout_split: fraction must be in (0, 1), got {fraction!r}")
+    targets = np.asarray(dataset.targets)
+    if eval_dataset is not None and not np.array_equal(np.asarray(eval_dataset.targets), targets):
+        raise ValueError("heldout_split: eval_dataset must hold the same images as dataset (its targets differ); build "
+                         "both with the same subset calls, differing only in the transform")
+    fit, held = [], []
+    for c in np.unique(targets):
+        idx = np.flatnonzero(targets == c)
+        if len(idx) < 2:
+            raise ValueError(f"heldout_split: class {c} has {len(idx)} image(s); a held-out split needs at least 2 per "
+                             "class (raise the sampling rate or drop the held-out selection)")
+        perm = idx[np.random.default_rng([seed, int(c), 0x5E1EC7]).permutation(len(idx))]   # not the subset's stream
+        k = min(max(int(np.floor(len(idx) * fraction + 0.5)), 1), len(idx) - 1)
+        held.extend(perm[:k].tolist()); fit.extend(perm[k:].tolist())
+    return LabelledSubset(dataset, sorted(fit)), LabelledSubset(eval_dataset if eval_dataset is not None else dataset,
+                                                                sorted(held))
+
 
 # %% ../nbs/15_gta.ipynb #c1a1e5x1
 NO_SPREAD = "one seed and no measured seed spread in this regime"

@@ -230,3 +230,158 @@ def test_centred_gta_ignores_what_the_softmax_cannot_see():
     assert all(kbias < 1e-5 * w for kbias, w in cen_g) and all(w > 1e-2 for _, w in cen_g)
     with pytest.raises(ValueError, match="center=True applies"):
         transfer_method("l2sp", target_from_source(src, 10), src, center=True)
+
+
+# --- issue #23 -----------------------------------------------------------------------------------------------------
+
+def _step_ctx(meth, tgt, x, y):
+    "One training step's context as the trainer builds it: hooks run, every term evaluated and weighted."
+    ctx = StepContext(x=x, y=y, target=y, model=tgt, train_model=tgt, device=torch.device("cpu"), step=0,
+                      cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    meth.before_forward(ctx)
+    meth.forward(ctx)
+    ctx.losses = {t.name: t.fn(ctx) for t in meth.terms}
+    ctx.weighted = {t.name: t.weight * ctx.losses[t.name] for t in meth.terms}
+    ctx.loss = sum(ctx.weighted.values())
+    return ctx
+
+
+def test_bss_term_reaches_the_targets_gradient_at_the_default_eta(source):
+    """The BSS rows of the first mini round equal fine-tuning's top-1: not a wiring bug. At the default eta 0.001 the
+    gradient on the target's parameters differs from plain fine-tuning's by exactly eta x the back-propagation of
+    d sigma_min^2 / dF = 2 sigma_min u v^T (numpy's SVD of the pre-logit features, B=6 < D=32): tiny, not zero."""
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(6, 3, 32, 32, generator=g), torch.tensor([0, 1, 2, 3, 0, 1])
+    def grads(kind):
+        torch.manual_seed(0)
+        tgt = target_from_source(source, 4)
+        ctx = _step_ctx(transfer_method(kind, tgt, source), tgt, x, y)
+        ps = [p for p in tgt.parameters() if p.requires_grad]
+        return tgt, ps, torch.autograd.grad(ctx.loss, ps)
+    _, _, g_ft = grads("baseline")
+    tgt, ps, g_bss = grads("bss")
+    f = tgt.forward_head(tgt.forward_features(x), pre_logits=True)
+    assert f.shape == (6, 32)
+    u, s, vt = np.linalg.svd(f.detach().double().numpy(), full_matrices=False)
+    dF = torch.tensor(0.001 * 2 * s[-1] * np.outer(u[:, -1], vt[-1]), dtype=f.dtype)
+    golden = torch.autograd.grad(f, ps, grad_outputs=dF, allow_unused=True)   # the head does not feed F
+    diff = torch.cat([(b - a).flatten() for a, b in zip(g_ft, g_bss)])
+    want = torch.cat([(torch.zeros_like(p) if w is None else w).flatten() for w, p in zip(golden, ps)])
+    assert want.norm() > 0 and diff.norm() > 0
+    assert (diff - want).norm() < 5e-3 * want.norm()   # float32 cancellation: the difference is ~1e-3 of each gradient
+
+
+def test_term_grad_norms_match_a_plain_backward_per_term(source):
+    from attnrepro.gta import term_grad_norms
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 3, 32, 32, generator=g), torch.tensor([0, 1, 2, 3])
+    torch.manual_seed(1)
+    tgt = target_from_source(source, 4)
+    with torch.no_grad():   # move the target off the source, so the guidance has a gradient
+        for p in tgt.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ctx = _step_ctx(transfer_method("gta", tgt, source, 2.0), tgt, x, y)
+    norms = term_grad_norms(ctx)
+    assert set(norms) == {"ce", "ce_backbone", "gta", "gta_backbone"}
+    for name in ("ce", "gta"):   # golden: the .grad a plain backward of that weighted term leaves
+        tgt.zero_grad(set_to_none=True)
+        ctx.weighted[name].backward(retain_graph=True)
+        sq = {n: float(p.grad.pow(2).sum()) if p.grad is not None else 0.0 for n, p in tgt.named_parameters()}
+        body = sum(v for n, v in sq.items() if not n.startswith("head."))
+        assert norms[name] == pytest.approx(math.sqrt(sum(sq.values())), rel=1e-5)
+        assert norms[f"{name}_backbone"] == pytest.approx(math.sqrt(body), rel=1e-5)
+    assert norms["gta"] == pytest.approx(norms["gta_backbone"], rel=1e-6)   # no guidance gradient reaches the head
+    assert norms["ce"] > norms["ce_backbone"] > 0
+    torch.manual_seed(1)   # the same target and batch at lambda 20: the weighted guidance norm x 10, CE's unchanged
+    tgt10 = target_from_source(source, 4)
+    with torch.no_grad():
+        for p in tgt10.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    norms10 = term_grad_norms(_step_ctx(transfer_method("gta", tgt10, source, 20.0), tgt10, x, y))
+    assert norms10["gta"] == pytest.approx(10 * norms["gta"], rel=1e-5)
+    assert norms10["ce"] == pytest.approx(norms["ce"], rel=1e-6)
+
+
+def test_grad_norm_log_leaves_training_unchanged_and_scales_with_lambda(source):
+    from attnrepro.gta import grad_norm_summary
+    g = torch.Generator().manual_seed(4)
+    data = TensorDataset(torch.rand(32, 3, 32, 32, generator=g), torch.randint(0, 4, (32,), generator=g))
+    def train(every, coef=1.0):
+        torch.manual_seed(0)
+        tgt = target_from_source(source, 4, drop_path_rate=0.1)
+        meth = transfer_method("gta", tgt, source, coef, grad_norm_every=every)
+        fit(tgt, data, None, TrainConfig(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, seed=3), method=meth,
+            progress=False)
+        return tgt.state_dict(), meth.state.get("grad_norms", [])
+    (plain, none), (logged, log) = train(None), train(3)
+    assert none == [] and all(torch.equal(plain[k], logged[k]) for k in plain)   # the log changes no update
+    assert [r["step"] for r in log] == [0, 3, 6]   # 2 epochs x 4 steps
+    # step 0: the target is the source (block 0 has no drop-path, and a block's drop-path acts after its logits)
+    assert log[0]["gta"] == 0.0 and log[0]["ce"] > 0 and log[1]["gta"] > 0
+    s = grad_norm_summary(log)
+    assert s["n_steps"] == 2 and s["gta"] == pytest.approx(float(np.median([log[1]["gta"], log[2]["gta"]])))
+    assert grad_norm_summary([]) == {}
+    assert grad_norm_summary([{"step": 0, "ce": 1.0}]) == {"ce": 1.0, "n_steps": 1}   # only step 0: kept
+    with pytest.raises(ValueError, match="grad_norm_every must be a positive int"):
+        transfer_method("gta", target_from_source(source, 4), source, grad_norm_every=0)
+
+
+def test_best_coef_reports_ties_instead_of_hiding_them():
+    from attnrepro.gta import best_coef, tie_text
+    chosen, tied = best_coef({100.0: 41.2, 1.0: 41.2, 10.0: 41.2})   # three identical runs (AdamW, issue #23)
+    assert chosen == 1.0 and tied == (1.0, 10.0, 100.0) and tie_text(tied) == "1=10=100"
+    assert best_coef({0.1: 50.0, 1.0: 52.5, 10.0: 52.0}) == (1.0, (1.0,))
+    assert tie_text(best_coef({0.1: 50.0, 1.0: 52.5})[1]) == "1"
+    with pytest.raises(ValueError, match="no scores"):
+        best_coef({})
+    with pytest.raises(ValueError, match="non-finite"):
+        best_coef({1.0: float("nan"), 10.0: 3.0})
+
+
+class _Tagged(torch.utils.data.Dataset):
+    def __init__(self, targets, tag):
+        self.targets, self.classes, self.tag = list(targets), ["a", "b", "c"], tag
+    def __len__(self): return len(self.targets)
+    def __getitem__(self, i): return self.tag, self.targets[i]
+
+
+def test_heldout_split_is_class_balanced_seeded_and_disjoint():
+    from attnrepro.gta import heldout_split
+    ys = [0] * 20 + [1] * 10 + [2] * 3 + [0] * 5
+    fit_part, held = heldout_split(_Tagged(ys, "aug"), 0.2, seed=0, eval_dataset=_Tagged(ys, "eval"))
+    # round(n_c x 0.2) held out per class: 25 -> 5, 10 -> 2, 3 -> 1 (0.6 rounds up; never all of a class)
+    assert np.bincount(held.targets).tolist() == [5, 2, 1] and np.bincount(fit_part.targets).tolist() == [20, 8, 2]
+    assert sorted(fit_part.indices + held.indices) == list(range(len(ys)))
+    assert held[0][0] == "eval" and fit_part[0][0] == "aug"   # held out under the evaluation transform
+    again = heldout_split(_Tagged(ys, "aug"), 0.2, seed=0)[1]
+    other = heldout_split(_Tagged(ys, "aug"), 0.2, seed=1)[1]
+    assert again.indices == held.indices and other.indices != held.indices
+    assert np.bincount(heldout_split(_Tagged([0, 0, 1, 1], "x"), 0.1)[1].targets).tolist() == [1, 1]   # at least 1
+    with pytest.raises(ValueError, match="at least 2 per class"):
+        heldout_split(_Tagged([0, 0, 1], "x"), 0.5)
+    with pytest.raises(ValueError, match=r"fraction must be in \(0, 1\)"):
+        heldout_split(_Tagged(ys, "x"), 1.0)
+    with pytest.raises(ValueError, match="targets differ"):
+        heldout_split(_Tagged(ys, "x"), 0.2, eval_dataset=_Tagged(ys[::-1], "y"))
+
+
+def test_paper_profile_names_registered_datasets_splits_and_states_its_assumptions():
+    from attnrepro.data import DATASETS
+    from attnrepro.report import load_profile
+    P = load_profile("gta", "paper")
+    assert {d["name"] for d in P["datasets"].values()} == {"cub200", "stanford_cars", "fgvc_aircraft",
+                                                            "stanford_dogs", "oxford_pet"}
+    for key, d in P["datasets"].items():
+        assert d["name"] in DATASETS, key
+        assert {d["train"], d["test"]} <= set(DATASETS[d["name"]].splits), (key, DATASETS[d["name"]].splits)
+    assert {"drop_path", "warmup_epochs", "min_lr"} <= set(P["train"])   # the unstated choices, stated as data
+    assert "in21k" not in P["sources"]["sl"]   # the paper's SL and SSL sources both saw ImageNet-1k only
+
+
+@pytest.mark.parametrize("name, where", [("cub200", "vision.caltech.edu"), ("stanford_dogs", "vision.stanford.edu")])
+def test_datasets_torchvision_lacks_say_where_to_get_them(name, where, tmp_path, monkeypatch):
+    from attnrepro import data
+    monkeypatch.setattr(data, "data_roots", lambda root=None: [tmp_path])
+    monkeypatch.delenv("ATTNREPRO_DOWNLOAD", raising=False)
+    with pytest.raises(data.DataNotFoundError, match=where):
+        data.get_dataset(name, "train")
