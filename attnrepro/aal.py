@@ -25,9 +25,9 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'vit_map_layout', 'cls_attention_maps', 'renormalize',
            'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks', 'paper_link_mask',
            'link_mask', 'resample_link_mask', 'link_magnitudes', 'select_links', 'aal_loss', 'aal_lambda_schedule',
-           'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout', 'pit_cls_attention_maps',
-           'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes', 'distill_method',
-           'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
+           'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout',
+           'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes',
+           'distill_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
            'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
            'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
            'claim_localises_better']
@@ -271,13 +271,32 @@ def aal_loss(augmented: torch.Tensor, cnn_maps: torch.Tensor) -> torch.Tensor:
     return feature_mse_loss(augmented, cnn_maps, normalize="l2", dim=(-2, -1))
 
 def aal_lambda_schedule(epochs: int, lam: float = 2000.0, gamma: float = 0.99, gamma_last_third: float = 0.98):
-    "lambda(epoch): `lam * gamma**e`, switching to `gamma_last_third` per epoch for the last `epochs // 3` epochs."
+    """lambda during epoch e (0-based): `lam` at e = 0, times each later epoch's rate up to e: `gamma`, or
+    `gamma_last_third` for the last `ceil(epochs / 3)` epochs."""
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"aal_lambda_schedule: epochs must be an int >= 1, got {epochs!r}")
-    switch = epochs - epochs // 3
-    if switch >= epochs:   # fewer than 3 epochs: no last-third phase
-        return exp_decay_schedule(lam, gamma)
-    return exp_decay_schedule(lam, gamma, switch_epoch=switch, gamma_after=gamma_last_third)
+    start = epochs - math.ceil(epochs / 3)   # first epoch of the last third
+    # the step into epoch e uses epoch e's rate, so gamma_last_third applies from the step into epoch `start`,
+    # i.e. over the epoch interval [start - 1, start] of the piecewise schedule
+    if start <= 1:   # epochs <= 2: every step is a last-third step
+        s = exp_decay_schedule(lam, gamma_last_third)
+    else:
+        s = exp_decay_schedule(lam, gamma, switch_epoch=start - 1, gamma_after=gamma_last_third)
+    s.desc = (f"aal_lambda_schedule(epochs={epochs!r}, lam={lam!r}, gamma={gamma!r}, "
+              f"gamma_last_third={gamma_last_third!r}: the last third = epochs {start}..{epochs - 1})")
+    return s
+
+def aal_decay_rates(epochs: int, gamma: float = 0.99, gamma_last_third: float = 0.98, decay: str = "per_epoch",
+                    ref_epochs: int = 300) -> tuple[float, float]:
+    "Per-epoch rates (gamma, gamma_last_third) of a run: as printed, or `rescaled` to cover `ref_epochs` epochs' decay."
+    if decay == "per_epoch":
+        return gamma, gamma_last_third
+    if decay != "rescaled":
+        raise ValueError(f"aal_decay_rates: decay={decay!r}; choose 'per_epoch' or 'rescaled'")
+    if not (isinstance(epochs, int) and epochs >= 1 and ref_epochs >= 1):
+        raise ValueError(f"aal_decay_rates: epochs and ref_epochs must be >= 1, got {epochs!r} and {ref_epochs!r}")
+    k = ref_epochs / epochs
+    return gamma ** k, gamma_last_third ** k
 
 # %% ../nbs/12_aal.ipynb #6b43b76a
 def deit_distillation_term(kind: str = "hard", weight=0.5, T: float = 3.0) -> LossTerm:

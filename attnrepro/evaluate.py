@@ -267,27 +267,91 @@ def _check_boxes(b, h: int, w: int, where: str) -> np.ndarray:
     bad = (b[:, 0] < 0) | (b[:, 1] < 0) | (b[:, 2] > w) | (b[:, 3] > h) | (b[:, 2] <= b[:, 0]) | (b[:, 3] <= b[:, 1])
     if bad.any():
         raise ValueError(f"{where}: boxes must be (x0, y0, x1, y1) with 0 <= x0 < x1 <= {w} and 0 <= y0 < y1 <= {h} "
-                         f"(inclusive-exclusive pixels); got {b[bad].tolist()}")
+                         f"(inclusive-exclusive pixels: x1 is the last column + 1); got {b[bad].tolist()}")
     return b
 
-def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    "IoU matrix (len(a), len(b)) of inclusive-exclusive boxes."
-    iw = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
-    ih = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
-    inter = iw * ih
-    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
-    return inter / (area(a)[:, None] + area(b)[None, :] - inter)
+def _inclusive(b: np.ndarray) -> np.ndarray:
+    "Exclusive-end boxes -> wsolevaluation's inclusive corners (x0, y0, x1 - 1, y1 - 1)."
+    return b - np.array([0, 0, 1, 1])
 
-def _component_boxes(mask: np.ndarray, multi_contour: bool) -> np.ndarray:
-    "Boxes (k,4) of the largest (or every) 8-connected component of a binary mask; (0,4) if empty."
+def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    "IoU matrix (len(a), len(b)) of inclusive-corner boxes, as wsolevaluation's `calculate_multiple_iou`."
+    iw = np.maximum(0, np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]) + 1)
+    ih = np.maximum(0, np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]) + 1)
+    inter = iw * ih
+    area = lambda x: (x[:, 2] - x[:, 0] + 1) * (x[:, 3] - x[:, 1] + 1)
+    den = area(a)[:, None] + area(b)[None, :] - inter
+    return np.where(den > 0, inter / np.where(den > 0, den, 1), 0.0)   # the reference scores degenerate pairs 0
+
+_EIGHT = np.ones((3, 3), dtype=bool)
+
+def _frame_labels(bg: np.ndarray) -> set:
+    "Labels of the background components that touch the image frame (not holes)."
+    return set(np.unique(np.concatenate([bg[0], bg[-1], bg[:, 0], bg[:, -1]])).tolist())
+
+def _outer_contour_area(lab: np.ndarray, k: int, sl) -> float:
+    "`cv2.contourArea` of component `k`'s outer border: 1 per 2x2 window of the filled component, 1/2 per 3 of 4."
     from scipy import ndimage
-    lab, n = ndimage.label(mask, structure=np.ones((3, 3), dtype=bool))
+    f = ndimage.binary_fill_holes(np.pad(lab[sl] == k + 1, 1))
+    c = f[:-1, :-1].astype(np.int8) + f[1:, :-1] + f[:-1, 1:] + f[1:, 1:]
+    return float((c == 4).sum()) + 0.5 * float((c == 3).sum())
+
+def _largest_contour(mask: np.ndarray, lab: np.ndarray, objs: list) -> int:
+    "Index of the component `max(contours, key=cv2.contourArea)` picks, ties in `cv2.findContours` order."
+    from scipy import ndimage
+    n, w = len(objs), mask.shape[1]
+    if n == 1:
+        return 0
+    # the polygon through pixel centres fits in its bounding box: (bw - 1)(bh - 1) bounds the area
+    bound = np.array([(sy.stop - sy.start - 1) * (sx.stop - sx.start - 1) for sy, sx in objs])
+    areas, best = np.zeros(n), 0.0
+    for k in np.argsort(-bound, kind="stable"):
+        if bound[k] == 0 or bound[k] < best:
+            break
+        areas[k] = _outer_contour_area(lab, k, objs[k])
+        best = max(best, areas[k])
+    cand = np.flatnonzero(areas == best)
+    if len(cand) == 1:
+        return int(cand[0])
+    # OpenCV lists contours depth first, newest sibling first (Suzuki & Abe's raster scan finds a component's
+    # outer border at its first pixel, a hole's border just left of the hole's first pixel): order by the
+    # path of negated discovery positions from the outermost ancestor
+    first = np.unique(lab.ravel(), return_index=True)[1][1:]
+    bg, _ = ndimage.label(~mask)
+    frame, bg_first = _frame_labels(bg), np.unique(bg.ravel(), return_index=True)[1]
+    def key(k):
+        path = []
+        while True:
+            p = first[k]
+            path.append(-p)
+            if p % w == 0 or bg.flat[p - 1] in frame:
+                return tuple(reversed(path))
+            q = bg_first[bg.flat[p - 1]] - 1   # the enclosing hole's border start, a pixel of its component
+            path.append(-q)
+            k = lab.flat[q] - 1
+    return int(min(cand, key=key))
+
+def _contour_boxes(mask: np.ndarray, multi_contour: bool) -> np.ndarray:
+    "wsolevaluation's inclusive boxes (k,4) of a binary mask: `(x, y, x + w, y + h)` clipped; `[[0, 0, 0, 0]]` if empty."
+    from scipy import ndimage
+    h, w = mask.shape
+    lab, n = ndimage.label(mask, structure=_EIGHT)   # outer borders: 8-connected components
     if n == 0:
-        return np.zeros((0, 4))
+        return np.zeros((1, 4))
     objs = ndimage.find_objects(lab)
-    if not multi_contour:
-        objs = [objs[int(np.argmax(np.bincount(lab.ravel())[1:]))]]
-    return np.array([[sx.start, sy.start, sx.stop, sy.stop] for sy, sx in objs], dtype=np.float64)
+    if multi_contour:
+        boxes = [[sx.start, sy.start, sx.stop, sy.stop] for sy, sx in objs]
+        bg, _ = ndimage.label(~mask)   # hole borders: 4-connected background off the frame, one pixel wider
+        frame = _frame_labels(bg)
+        boxes += [[sx.start - 1, sy.start - 1, sx.stop + 1, sy.stop + 1]
+                  for k, (sy, sx) in enumerate(ndimage.find_objects(bg), 1) if k not in frame]
+        b = np.array(boxes, dtype=np.float64)
+    else:
+        sy, sx = objs[_largest_contour(mask, lab, objs)]
+        b = np.array([[sx.start, sy.start, sx.stop, sy.stop]], dtype=np.float64)
+    b[:, 2] = np.minimum(b[:, 2], w - 1)
+    b[:, 3] = np.minimum(b[:, 3], h - 1)
+    return b
 
 def _minmax(m: np.ndarray) -> np.ndarray:
     lo, hi = m.min(), m.max()
@@ -295,7 +359,7 @@ def _minmax(m: np.ndarray) -> np.ndarray:
 
 def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (0.5,),
                 cam_curve_interval: float = 0.01, multi_contour: bool = False) -> dict[str, float]:
-    "MaxBoxAcc (percent) of (N,h,w) score maps against per-image (k,4) boxes: `{'iou50': ..., 'mean': ...}`."
+    "MaxBoxAcc (percent) of (N,h,w) score maps against per-image (k,4) exclusive-end boxes: `{'iou50': ..., 'mean': ...}`."
     maps = _tensor(score_maps, "score_maps", torch.float64).numpy()
     if maps.ndim != 3:
         raise ValueError(f"max_box_acc: expected score maps of shape (N, h, w), got {maps.shape}")
@@ -311,11 +375,11 @@ def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (
     n, h, w = maps.shape
     hits = np.zeros((len(ious), len(cams)))
     for i in range(n):
-        gt = _check_boxes(boxes[i], h, w, f"max_box_acc: image {i}")
-        m = _minmax(maps[i])
+        gt = _inclusive(_check_boxes(boxes[i], h, w, f"max_box_acc: image {i}"))
+        img = (_minmax(maps[i]) * 255).astype(np.uint8)   # the reference's uint8 score map
+        top = int(img.max())
         for j, t in enumerate(cams):
-            pred = _component_boxes(m >= t, multi_contour)
-            best = _box_iou(pred, gt).max() if len(pred) else 0.0
+            best = _box_iou(_contour_boxes(img > int(t * top), multi_contour), gt).max()
             hits[:, j] += best >= ious
     acc = 100.0 * hits / n
     out = {f"iou{100 * t:g}": float(a.max()) for t, a in zip(ious, acc)}
@@ -326,8 +390,8 @@ def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (
 def whole_image_box_acc(boxes: Sequence, h: int, w: int, iou_thresholds: Sequence[float] = (0.3, 0.5, 0.7)) -> dict:
     """MaxBoxAcc's floor: the share (%) of images whose best ground-truth box overlaps the whole image with IoU >= t,
     as `{"iou30": ..., "iou50": ..., "iou70": ...}` (the keys `max_box_acc` uses)."""
-    full = np.array([[0, 0, w, h]])
-    best = np.array([_box_iou(full, _check_boxes(b, h, w, "whole_image_box_acc"))[0].max() for b in boxes])
+    full = np.array([[0, 0, w - 1, h - 1]])   # the whole image in the reference's inclusive corners
+    best = np.array([_box_iou(full, _inclusive(_check_boxes(b, h, w, "whole_image_box_acc")))[0].max() for b in boxes])
     return {f"iou{round(100 * t)}": float(100 * (best >= t).mean()) for t in iou_thresholds}
 
 # %% ../nbs/05_evaluate.ipynb #f2b79b43

@@ -7,13 +7,14 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from attnrepro.aal import (AttentionLinks, aal_lambda_schedule, aal_loss, aal_method, aal_param_count,
+from attnrepro.aal import (AttentionLinks, aal_decay_rates, aal_lambda_schedule, aal_loss, aal_method, aal_param_count,
                            cls_attention_maps, cnn_block_channels, deit_distillation_term, link_history,
                            link_magnitudes, link_mask, paper_link_mask, renormalize, select_links,
                            teacher_block_maps, vit_map_layout)
 from attnrepro.attention import AttentionCapture
 from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
 from attnrepro.models import EFFICIENTNET_LITE_MEAN, EFFICIENTNET_LITE_STD, cifar_resnet, create_student
+from attnrepro.report import load_profile
 from attnrepro.train import TrainConfig, fit
 
 
@@ -185,15 +186,73 @@ def test_aal_loss_golden_numpy():
     assert math.isclose(float(aal_loss(torch.tensor([[[[3.0, 4.0]]]]), torch.tensor([[[[2.0, 0.0]]]]))), 0.4, rel_tol=1e-6)
 
 
-def test_schedule_values():
-    s = aal_lambda_schedule(9)   # last third = epochs 6, 7, 8 at 0.98
-    assert s(0) == 2000.0
-    assert math.isclose(s(1), 2000 * 0.99)
-    assert math.isclose(s(6), 2000 * 0.99 ** 6)
-    assert math.isclose(s(8), 2000 * 0.99 ** 6 * 0.98 ** 2)
-    p = aal_lambda_schedule(300)  # the paper: 0.99 for 200 epochs, 0.98 for the last 100
-    assert math.isclose(p(200), 2000 * 0.99 ** 200) and math.isclose(p(299), 2000 * 0.99 ** 200 * 0.98 ** 99)
-    assert aal_lambda_schedule(2)(1) == pytest.approx(1980)  # < 3 epochs: no last-third phase
+def lambdas(epochs, **kw):
+    s = aal_lambda_schedule(epochs, **kw)
+    return [s(e) for e in range(epochs)]
+
+
+def test_schedule_golden_sequences():
+    # Eq. 6 and "decay rate 0.99 for the first 200 epochs and 0.98 for the last 100": lambda starts at 2000 and
+    # entering epoch e is multiplied by epoch e's rate; the last third is the last ceil(E / 3) epochs
+    assert lambdas(3) == pytest.approx([2000, 2000 * 0.99, 2000 * 0.99 * 0.98], rel=1e-12)
+    assert lambdas(6) == pytest.approx([2000, 1980, 1960.2, 1940.598, 1940.598 * 0.98, 1940.598 * 0.98 ** 2], rel=1e-12)
+    p = lambdas(300)
+    assert p[:200] == pytest.approx([2000 * 0.99 ** e for e in range(200)], rel=1e-12)
+    assert p[200:] == pytest.approx([2000 * 0.99 ** 199 * 0.98 ** k for k in range(1, 101)], rel=1e-12)
+    ratios = np.array(p[1:]) / np.array(p[:-1])   # the rate each epoch enters with
+    assert np.allclose(ratios[:199], 0.99) and np.allclose(ratios[199:], 0.98) and len(ratios[199:]) == 100
+    assert lambdas(1) == [2000.0]                                       # nothing to decay
+    assert lambdas(2) == pytest.approx([2000, 2000 * 0.98])             # one epoch, the last third
+    assert lambdas(4, lam=10.0, gamma=0.5, gamma_last_third=0.1) == pytest.approx([10, 5, 0.5, 0.05])
+
+
+@pytest.mark.parametrize("epochs", range(1, 31))
+def test_schedule_last_third_is_ceil_of_a_third(epochs):
+    lam = np.array(lambdas(epochs, gamma=0.5, gamma_last_third=0.25))
+    rates = lam[1:] / lam[:-1]
+    last = math.ceil(epochs / 3)
+    assert (rates == 0.25).sum() == min(last, epochs - 1)   # epoch 0 enters with no step
+    assert (rates[-last:] == 0.25).all() and (rates[:len(rates) - last] == 0.5).all()
+
+
+@pytest.mark.parametrize("epochs", [5, 10])
+@pytest.mark.parametrize("decay", ["per_epoch", "rescaled"])
+def test_decay_ablation_variants_differ(epochs, decay):
+    final = lambdas(epochs, gamma=aal_decay_rates(epochs, 0.99, 0.98, decay)[0],
+                    gamma_last_third=aal_decay_rates(epochs, 0.99, 0.98, decay)[1])
+    fixed = lambdas(epochs, gamma=aal_decay_rates(epochs, 0.99, 0.99, decay)[0],
+                    gamma_last_third=aal_decay_rates(epochs, 0.99, 0.99, decay)[1])
+    last = math.ceil(epochs / 3)
+    assert final[:epochs - last] == pytest.approx(fixed[:epochs - last])       # the same first two thirds
+    assert all(f < x for f, x in zip(final[epochs - last:], fixed[epochs - last:]))   # a faster last third
+
+
+def test_decay_ablation_differs_at_the_mini_profile():
+    P = load_profile("aal", "mini")
+    a, fd = P["aal"], P["ablation"]["decay_fraction"]
+    epochs = P["imagenet_proxy"]["fractions"][fd]["epochs"]
+    # the notebook's variant: gamma_last_third = gamma ("fixed 0.99"); the final model: the profile's rates
+    final = lambdas(epochs, lam=a["lam"], **dict(zip(("gamma", "gamma_last_third"), aal_decay_rates(
+        epochs, a["gamma"], a["gamma_last_third"], a["lambda_decay"], a["ref_epochs"]))))
+    fixed = lambdas(epochs, lam=a["lam"], **dict(zip(("gamma", "gamma_last_third"), aal_decay_rates(
+        epochs, a["gamma"], a["gamma"], a["lambda_decay"], a["ref_epochs"]))))
+    assert epochs >= 2 and final != pytest.approx(fixed)
+
+
+def test_decay_rates():
+    assert aal_decay_rates(5) == (0.99, 0.98)
+    g, g3 = aal_decay_rates(5, decay="rescaled")   # 300 / 5 = 60 epochs of the paper per epoch here
+    assert g == pytest.approx(0.99 ** 60) and g3 == pytest.approx(0.98 ** 60)
+    # at the paper's own 300 epochs rescaling changes nothing
+    assert aal_decay_rates(300, decay="rescaled") == pytest.approx((0.99, 0.98))
+    with pytest.raises(ValueError, match="per_epoch"):
+        aal_decay_rates(5, decay="linear")
+
+
+def test_schedule_errors():
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="int >= 1"):
+            aal_lambda_schedule(bad)
 
 
 # --- the method with fit ----------------------------------------------------------------------------------------

@@ -1,12 +1,12 @@
 """Tests for attnrepro.evaluate against brute-force numpy / scipy references on small synthetic data."""
 import itertools, math
-from collections import deque
 
 import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from scipy import ndimage
 from scipy.spatial.distance import jensenshannon
 
 from attnrepro import evaluate as E
@@ -278,76 +278,242 @@ def test_head_jsd_errors():
 
 # ---- MaxBoxAcc ----------------------------------------------------------------------------------------
 
-def box_acc_reference(maps, boxes, iou_thr, cams):
-    "Slow independent reference: own BFS 8-connected labelling, inclusive-exclusive IoU."
-    def largest_box(mask):
-        h, w = mask.shape
-        seen = np.zeros_like(mask)
-        best = None
-        for r in range(h):
-            for c in range(w):
-                if mask[r, c] and not seen[r, c]:
-                    comp, dq = [], deque([(r, c)])
-                    seen[r, c] = True
-                    while dq:
-                        y, x = dq.popleft()
-                        comp.append((y, x))
-                        for dy in (-1, 0, 1):
-                            for dx in (-1, 0, 1):
-                                yy, xx = y + dy, x + dx
-                                if 0 <= yy < h and 0 <= xx < w and mask[yy, xx] and not seen[yy, xx]:
-                                    seen[yy, xx] = True
-                                    dq.append((yy, xx))
-                    if best is None or len(comp) > len(best):
-                        best = comp
-        if best is None:
-            return None
-        ys, xs = zip(*best)
-        return (min(xs), min(ys), max(xs) + 1, max(ys) + 1)
-    def iou(a, b):
-        iw = max(0, min(a[2], b[2]) - max(a[0], b[0])); ih = max(0, min(a[3], b[3]) - max(a[1], b[1]))
-        inter = iw * ih
-        return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
-    acc = np.zeros(len(cams))
-    for m, gts in zip(maps, boxes):
-        m = (m - m.min()) / (m.max() - m.min())
-        for j, t in enumerate(cams):
-            pb = largest_box(m >= t)
-            acc[j] += pb is not None and max(iou(pb, g) for g in gts) >= iou_thr
-    return 100 * acc.max() / len(maps)
+# Reference: clovaai/wsolevaluation, evaluation.py (calculate_multiple_iou, compute_bboxes_from_scoremaps,
+# BoxEvaluator.accumulate / compute), transcribed in numpy. Its cv2 calls are replaced by a plain-Python
+# transcription of the algorithm OpenCV implements (Suzuki & Abe 1985 border following, RETR_TREE order):
+# cv2.findContours, cv2.boundingRect, cv2.contourArea. Ground-truth boxes there are inclusive corners
+# (Tiny-ImageNet's annotations are too; attnrepro.data loads them as x1 + 1, exclusive).
 
-def test_max_box_acc_matches_reference_on_random_blobs():
-    rng = np.random.default_rng(6)
+def wsol_calculate_multiple_iou(box_a, box_b):
+    "evaluation.py, calculate_multiple_iou (inclusive x0y0x1y1 corners)."
+    num_a, num_b = box_a.shape[0], box_b.shape[0]
+    box_a = np.tile(box_a, num_b)
+    box_a = np.expand_dims(box_a, axis=1).reshape((num_a, num_b, -1))
+    box_b = np.tile(box_b, num_a)
+    box_b = np.expand_dims(box_b, axis=1).reshape((num_b, num_a, -1))
+    box_b = np.transpose(box_b, (1, 0, 2))
+    min_x = np.maximum(box_a[:, :, 0], box_b[:, :, 0])
+    min_y = np.maximum(box_a[:, :, 1], box_b[:, :, 1])
+    max_x = np.minimum(box_a[:, :, 2], box_b[:, :, 2])
+    max_y = np.minimum(box_a[:, :, 3], box_b[:, :, 3])
+    area_intersect = np.maximum(0, max_x - min_x + 1) * np.maximum(0, max_y - min_y + 1)
+    area_a = (box_a[:, :, 2] - box_a[:, :, 0] + 1) * (box_a[:, :, 3] - box_a[:, :, 1] + 1)
+    area_b = (box_b[:, :, 2] - box_b[:, :, 0] + 1) * (box_b[:, :, 3] - box_b[:, :, 1] + 1)
+    denominator = area_a + area_b - area_intersect
+    degenerate_indices = np.where(denominator <= 0)
+    denominator[degenerate_indices] = 1
+    ious = area_intersect / denominator
+    ious[degenerate_indices] = 0
+    return ious
+
+_NBR = [(0, 1), (1, 1), (1, 0), (1, -1), (0, -1), (-1, -1), (-1, 0), (-1, 1)]  # clockwise from east, rows down
+
+def suzuki_find_contours(binary):
+    "cv2.findContours(RETR_TREE) stand-in: Suzuki & Abe border following; (x, y) point arrays in OpenCV's order."
+    f = np.pad(np.asarray(binary) != 0, 1).astype(np.int64)   # the frame is background
+    borders = {1: dict(parent=None, hole=True, points=None, children=[])}   # NBD 1 = the frame
+    nbd = 1
+    for i in range(1, f.shape[0] - 1):
+        lnbd = 1
+        for j in range(1, f.shape[1] - 1):
+            if f[i, j] == 1 and f[i, j - 1] == 0:                     # (1a) outer border starts
+                hole, (i2, j2) = False, (i, j - 1)
+            elif f[i, j] >= 1 and f[i, j + 1] == 0:                   # (1b) hole border starts
+                hole, (i2, j2) = True, (i, j + 1)
+                if f[i, j] > 1:
+                    lnbd = f[i, j]
+            else:
+                if f[i, j] not in (0, 1):
+                    lnbd = abs(f[i, j])
+                continue
+            nbd += 1
+            last = borders[lnbd]                                       # (2) parent, Suzuki's Table 1
+            parent = last["parent"] if hole == last["hole"] else lnbd
+            s = _NBR.index((i2 - i, j2 - j))                           # (3.1) clockwise for a non-zero pixel
+            first = next(((i + d[0], j + d[1]) for d in (_NBR[(s + k) % 8] for k in range(8))
+                          if f[i + d[0], j + d[1]] != 0), None)
+            pts = []
+            if first is None:
+                f[i, j] = -nbd
+                pts.append((i, j))
+            else:
+                (i2, j2), (i3, j3) = first, (i, j)                     # (3.2)
+                while True:
+                    s = _NBR.index((i2 - i3, j2 - j3))                 # (3.3) counter-clockwise from after (i2, j2)
+                    right_zero = False
+                    for k in range(1, 9):
+                        d = _NBR[(s - k) % 8]
+                        if f[i3 + d[0], j3 + d[1]] != 0:
+                            i4, j4 = i3 + d[0], j3 + d[1]
+                            break
+                        right_zero |= d == (0, 1)
+                    if right_zero:                                     # (3.4)
+                        f[i3, j3] = -nbd
+                    elif f[i3, j3] == 1:
+                        f[i3, j3] = nbd
+                    pts.append((i3, j3))
+                    if (i4, j4) == (i, j) and (i3, j3) == first:       # (3.5)
+                        break
+                    (i2, j2), (i3, j3) = (i3, j3), (i4, j4)
+            borders[nbd] = dict(parent=parent, hole=hole, children=[],
+                                points=np.array([(c - 1, r - 1) for r, c in pts]))
+            borders[parent]["children"].insert(0, nbd)   # OpenCV puts a new contour first among its siblings
+            if f[i, j] not in (0, 1):                                  # (4)
+                lnbd = abs(f[i, j])
+    out, stack = [], borders[1]["children"][::-1]                     # depth first, as cvTreeToNodeSeq
+    while stack:
+        b = stack.pop()
+        out.append(borders[b]["points"])
+        stack.extend(borders[b]["children"][::-1])
+    return out
+
+def cv_bounding_rect(pts):
+    (x0, y0), (x1, y1) = pts.min(0), pts.max(0)
+    return int(x0), int(y0), int(x1 - x0 + 1), int(y1 - y0 + 1)
+
+def cv_contour_area(pts):
+    x, y = pts[:, 0].astype(float), pts[:, 1].astype(float)
+    return abs(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))) / 2   # shoelace
+
+def wsol_scoremap2bbox(scoremap, threshold, multi_contour_eval, find_contours=suzuki_find_contours,
+                       bounding_rect=cv_bounding_rect, contour_area=cv_contour_area):
+    "evaluation.py, compute_bboxes_from_scoremaps.scoremap2bbox (cv2.threshold written out)."
+    height, width = scoremap.shape
+    scoremap_image = (scoremap * 255).astype(np.uint8)
+    thr_gray_heatmap = scoremap_image > int(threshold * np.max(scoremap_image))   # THRESH_BINARY: strictly above
+    contours = find_contours(thr_gray_heatmap)
+    if len(contours) == 0:
+        return np.asarray([[0, 0, 0, 0]]), 1
+    if not multi_contour_eval:
+        contours = [max(contours, key=contour_area)]
+    estimated_boxes = []
+    for contour in contours:
+        x, y, w, h = bounding_rect(contour)
+        x0, y0, x1, y1 = x, y, x + w, y + h
+        x1 = min(x1, width - 1)
+        y1 = min(y1, height - 1)
+        estimated_boxes.append([x0, y0, x1, y1])
+    return np.asarray(estimated_boxes), len(contours)
+
+def wsol_max_box_acc(cams, gt_boxes_inclusive, iou_threshold_list, cam_threshold_list, multi_contour_eval=False,
+                     **contour_fns):
+    "evaluation.py, BoxEvaluator.accumulate over the images then compute; normalize_scoremap of inference.py."
+    num_correct = {t: np.zeros(len(cam_threshold_list)) for t in iou_threshold_list}
+    for cam, gt in zip(cams, gt_boxes_inclusive):
+        cam = cam - cam.min()
+        cam = cam / cam.max() if cam.max() > 0 else np.zeros_like(cam)
+        found = [wsol_scoremap2bbox(cam, t, multi_contour_eval, **contour_fns) for t in cam_threshold_list]
+        boxes_at_thresholds = np.concatenate([b for b, _ in found], axis=0)
+        multiple_iou = wsol_calculate_multiple_iou(np.array(boxes_at_thresholds), np.array(gt))
+        idx, sliced_multiple_iou = 0, []
+        for _, nr_box in found:
+            sliced_multiple_iou.append(max(multiple_iou.max(1)[idx:idx + nr_box]))
+            idx += nr_box
+        for t in iou_threshold_list:
+            num_correct[t][np.where(np.asarray(sliced_multiple_iou) >= (t / 100))[0]] += 1
+    return [(num_correct[t] * 100. / float(len(cams))).max() for t in iou_threshold_list]
+
+def random_wsol_case(rng, n, size):
+    "Blob maps with noise (many components, holes and ties) and inclusive ground-truth boxes near the first blob."
+    yy, xx = np.mgrid[0:size, 0:size]
     maps, boxes = [], []
-    yy, xx = np.mgrid[0:16, 0:16]
-    for _ in range(6):
-        m = np.zeros((16, 16))
-        for _ in range(3):  # a few gaussian blobs
-            cy, cx, s = rng.uniform(0, 16), rng.uniform(0, 16), rng.uniform(1, 4)
-            m += rng.uniform(0.3, 1) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
-        maps.append(m + 0.05 * rng.random((16, 16)))
-        x0, y0 = rng.integers(0, 10, 2)
-        boxes.append(np.array([[x0, y0, x0 + rng.integers(3, 7), y0 + rng.integers(3, 7)]]))
-    maps = np.stack(maps)
-    out = E.max_box_acc(maps, boxes, iou_thresholds=(0.3, 0.5, 0.7), cam_curve_interval=0.05)
-    refs = [box_acc_reference(maps, boxes, t, np.arange(0, 1, 0.05)) for t in (0.3, 0.5, 0.7)]
-    assert [out["iou30"], out["iou50"], out["iou70"]] == pytest.approx(refs)
-    assert out["mean"] == pytest.approx(np.mean(refs))
-    assert refs[0] > 0  # the test exercises hits
+    for k in range(n):
+        m, gt = np.zeros((size, size)), []
+        for b in range(rng.integers(1, 5)):
+            cy, cx, s = rng.uniform(0, size), rng.uniform(0, size), rng.uniform(0.7, size / 5)
+            m += (1.0 if b == 0 else rng.uniform(0.2, 0.8)) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * s * s))
+            if b == 0:   # the object: a box of about +-2 sd around the first blob, jittered
+                r = 2 * s * rng.uniform(0.6, 1.4, 4) + rng.normal(0, 1, 4)
+                gt.append([int(np.clip(v, 0, size - 1)) for v in (cx - r[0], cy - r[1], cx + r[2], cy + r[3])])
+                gt[0][2], gt[0][3] = max(gt[0][2], gt[0][0]), max(gt[0][3], gt[0][1])
+        maps.append(m + rng.uniform(0, 0.4) * rng.random((size, size)))
+        if k % 3 == 0:   # a second box, one pixel wide (Tiny-ImageNet has such boxes)
+            x0, y0 = rng.integers(0, size, 2)
+            gt.append([x0, y0, x0, min(y0 + rng.integers(0, 6), size - 1)])
+        boxes.append(np.array(gt))
+    return np.stack(maps), boxes
+
+def test_box_iou_is_wsolevaluation_calculate_multiple_iou():
+    rng = np.random.default_rng(3)
+    a = np.sort(rng.integers(0, 12, (40, 2, 2)), axis=1).reshape(40, 4)   # (x0, y0, x1, y1), x0 <= x1, y0 <= y1
+    b = np.sort(rng.integers(0, 12, (7, 2, 2)), axis=1).reshape(7, 4)
+    assert (a[:, 2] >= a[:, 0]).all() and (a[:, 3] >= a[:, 1]).all()
+    assert np.allclose(E._box_iou(a.astype(float), b.astype(float)), wsol_calculate_multiple_iou(a, b))
+    # by hand: inclusive corners, so (0,0,1,1) and (1,1,2,2) are 2x2 boxes sharing one pixel: 1 / (4 + 4 - 1)
+    assert E._box_iou(np.array([[0, 0, 1, 1]]), np.array([[1, 1, 2, 2]]))[0, 0] == pytest.approx(1 / 7)
+    # a single-pixel box (x0 == x1) has area 1, not 0
+    assert E._box_iou(np.array([[3, 3, 3, 3]]), np.array([[3, 3, 4, 3]]))[0, 0] == pytest.approx(1 / 2)
+
+@pytest.mark.parametrize("multi_contour", [False, True])
+def test_max_box_acc_matches_reference_on_random_blobs(multi_contour):
+    rng = np.random.default_rng(6)
+    maps, gt_incl = random_wsol_case(rng, 24, 16)
+    cams = np.arange(0, 1, 0.02)
+    ours = E.max_box_acc(maps, [g + np.array([0, 0, 1, 1]) for g in gt_incl], iou_thresholds=(0.3, 0.5, 0.7),
+                         cam_curve_interval=0.02, multi_contour=multi_contour)
+    refs = wsol_max_box_acc(maps, gt_incl, (30, 50, 70), cams, multi_contour)
+    assert [ours["iou30"], ours["iou50"], ours["iou70"]] == pytest.approx(refs)
+    assert ours["mean"] == pytest.approx(np.mean(refs))
+    assert 0 < refs[1] < 100   # the case exercises hits and misses
+
+def test_contour_boxes_match_reference_at_every_threshold():
+    "The per-threshold box (largest contour area, ties in OpenCV's order) and every multi-contour box."
+    rng = np.random.default_rng(11)
+    maps, _ = random_wsol_case(rng, 10, 14)
+    maps[0] = rng.random((14, 14))                     # pure noise: nested components, holes, area ties
+    maps[1] = (rng.random((14, 14)) > 0.5) * rng.random((14, 14))
+    by_pixel_count_differs = 0
+    for m in maps:
+        m = (m - m.min()) / (m.max() - m.min())
+        img = (m * 255).astype(np.uint8)
+        for t in np.arange(0, 1, 0.05):
+            mask = img > int(t * 255)
+            for multi in (False, True):
+                ref, _ = wsol_scoremap2bbox(m, t, multi)
+                got = E._contour_boxes(mask, multi)
+                assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, ref.astype(float).tolist()))
+            lab, n = ndimage.label(mask, structure=np.ones((3, 3)))
+            if n > 1:   # the largest pixel count, the rule before the reference was followed
+                sy, sx = ndimage.find_objects(lab)[int(np.argmax(np.bincount(lab.ravel())[1:]))]
+                by_pixel_count_differs += [sx.start, sy.start, min(sx.stop, 13), min(sy.stop, 13)] != \
+                    wsol_scoremap2bbox(m, t, False)[0][0].tolist()
+    assert by_pixel_count_differs > 0   # the cases tell contour area from pixel count
+
+def test_max_box_acc_matches_opencv_reference():
+    "The reference's own cv2 calls (run where OpenCV is installed; the project does not depend on it)."
+    cv2 = pytest.importorskip("cv2")
+    def find(binary):
+        return cv2.findContours((binary * 255).astype(np.uint8), cv2.RETR_TREE, cv2.CHAIN_APPROX_SIMPLE)[-2]
+    fns = dict(find_contours=find, bounding_rect=cv2.boundingRect, contour_area=cv2.contourArea)
+    rng = np.random.default_rng(12)
+    maps, gt_incl = random_wsol_case(rng, 30, 20)
+    for m in maps[:8]:   # the stand-in itself, contour by contour
+        m = (m - m.min()) / (m.max() - m.min())
+        b = (m * 255).astype(np.uint8) > 100
+        assert [(cv_bounding_rect(c), cv_contour_area(c)) for c in suzuki_find_contours(b)] == \
+               [(cv2.boundingRect(c), cv2.contourArea(c)) for c in find(b)]
+    for multi in (False, True):
+        ours = E.max_box_acc(maps, [g + np.array([0, 0, 1, 1]) for g in gt_incl], (0.3, 0.5, 0.7), 0.01, multi)
+        refs = wsol_max_box_acc(maps, gt_incl, (30, 50, 70), np.arange(0, 1, 0.01), multi, **fns)
+        assert [ours["iou30"], ours["iou50"], ours["iou70"]] == pytest.approx(refs)
 
 def test_max_box_acc_known_cases():
     m = np.zeros((1, 24, 24))
-    box = [np.array([[4, 6, 14, 16]])]
+    box = [np.array([[4, 6, 14, 16]])]       # 10x10 pixels, columns 4..13
     m[0, 6:16, 4:14] = 1.0
-    assert E.max_box_acc(m, box, (0.5, 0.7, 0.9)) == {"iou50": 100.0, "iou70": 100.0, "iou90": 100.0, "mean": 100.0}
+    # the reference reads the component's box (4, 6, 14, 16) as inclusive, 11x11: IoU 100 / 121 = 0.83
+    assert E.max_box_acc(m, box, (0.5, 0.8, 0.9)) == {"iou50": 100.0, "iou80": 100.0, "iou90": 0.0,
+                                                       "mean": pytest.approx(200 / 3)}
+    edge = np.zeros((1, 24, 24)); edge[0, 14:24, 14:24] = 1.0   # at the bottom-right edge the box is clipped
+    assert E.max_box_acc(edge, [np.array([[14, 14, 24, 24]])], (1.0,))["iou100"] == 100.0
     far = np.zeros((1, 24, 24)); far[0, 18:24, 18:24] = 1.0
     assert E.max_box_acc(far, box)["iou50"] == 0.0
-    half = np.zeros((1, 24, 24)); half[0, 6:11, 4:14] = 1.0  # top half of the box: IoU exactly 0.5
-    assert E.max_box_acc(torch.tensor(half), box, (0.5, 0.6)) == {"iou50": 100.0, "iou60": 0.0, "mean": 50.0}
+    half = np.zeros((1, 24, 24)); half[0, 6:11, 4:14] = 1.0  # top half: box 11x6, 60 shared: IoU 60 / 106
+    assert E.max_box_acc(torch.tensor(half), box, (0.56, 0.57)) == {"iou56": 100.0, "iou57": 0.0, "mean": 50.0}
     # two gt boxes: the best-matching one counts
     assert E.max_box_acc(far, [np.array([[4, 6, 14, 16], [18, 18, 24, 24]])])["iou50"] == 100.0
 
-def test_max_box_acc_largest_component_vs_multi_contour():
+def test_max_box_acc_largest_contour_vs_multi_contour():
     m = np.zeros((1, 30, 30))
     m[0, 2:6, 2:6] = 1.0       # small blob, matches the box
     m[0, 15:28, 10:28] = 1.0   # large blob elsewhere
@@ -355,12 +521,27 @@ def test_max_box_acc_largest_component_vs_multi_contour():
     assert E.max_box_acc(m, box)["iou50"] == 0.0
     assert E.max_box_acc(m, box, multi_contour=True)["iou50"] == 100.0
     diag = np.zeros((1, 10, 10)); diag[0, [2, 3, 4], [2, 3, 4]] = 1.0  # diagonal pixels: one 8-connected blob
-    assert E.max_box_acc(diag, [np.array([[2, 2, 5, 5]])])["iou50"] == 100.0
+    assert E.max_box_acc(diag, [np.array([[2, 2, 5, 5]])])["iou50"] == 100.0   # 3x3 in 4x4: IoU 9 / 16
+    # contour area, not pixel count: a 1x9 line (9 pixels, area 0) loses to a 2x2 square (4 pixels, area 1)
+    line = np.zeros((1, 12, 12)); line[0, 1, 1:10] = 1.0; line[0, 6:8, 6:8] = 1.0
+    assert E.max_box_acc(line, [np.array([[6, 6, 8, 8]])], (0.4,))["iou40"] == 100.0   # 4 / 9
+    assert E.max_box_acc(line, [np.array([[1, 1, 10, 2]])], (0.4,))["iou40"] == 0.0
 
-def test_max_box_acc_constant_map_is_whole_image_at_zero():
-    m = np.full((1, 10, 10), 0.3)  # normalises to zeros: only t=0 gives a (whole-image) box
-    assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.6,))["iou60"] == 100.0
-    assert E.max_box_acc(m, [np.array([[0, 0, 10, 5]])], (0.6,))["iou60"] == 0.0
+def test_max_box_acc_constant_map_predicts_the_corner_pixel():
+    # the reference normalises a constant map to zeros; nothing is above any threshold, and the box is (0, 0, 0, 0)
+    m = np.full((1, 10, 10), 0.3)
+    assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.01,))["iou1"] == 100.0   # IoU 1 / 60
+    assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.1,))["iou10"] == 0.0
+    assert E.max_box_acc(m, [np.array([[0, 0, 1, 1]])], (1.0,))["iou100"] == 100.0
+
+def test_whole_image_box_acc_matches_reference_iou():
+    rng = np.random.default_rng(4)
+    _, gt_incl = random_wsol_case(rng, 30, 16)
+    full = np.array([[0, 0, 15, 15]])   # the reference's box of a map whose foreground touches every edge
+    best = np.array([wsol_calculate_multiple_iou(full, g).max() for g in gt_incl])
+    got = E.whole_image_box_acc([g + np.array([0, 0, 1, 1]) for g in gt_incl], 16, 16, (0.05, 0.1, 0.2))
+    assert [got["iou5"], got["iou10"], got["iou20"]] == pytest.approx([100 * (best >= t).mean() for t in (0.05, 0.1, 0.2)])
+    assert E.whole_image_box_acc([np.array([[0, 0, 8, 16]])], 16, 16, (0.5,)) == {"iou50": 100.0}   # half: IoU 0.5
 
 def test_max_box_acc_errors():
     m = np.zeros((2, 8, 8))
@@ -428,5 +609,7 @@ def test_boxes_to_mask():
     # fractional box: pixel centres (i + 0.5) inside [0.6, 2.4) x [0.4, 1.6) are column 1, rows 0-1
     assert (E.boxes_to_mask([[0.6, 0.4, 2.4, 1.6]], 3, 3).numpy() == np.array(
         [[0, 1, 0], [0, 1, 0], [0, 0, 0]], bool)).all()
+    # a Tiny-ImageNet annotation names its last pixel: (2, 1, 2, 3) is column 2, rows 1-3, loaded as (2, 1, 3, 4)
+    assert (E.boxes_to_mask([[2, 1, 3, 4]], 4, 6).numpy() == (np.arange(6)[None] == 2) & (np.arange(4)[:, None] >= 1)).all()
     with pytest.raises(ValueError, match="0 <= x0 < x1 <= 6"):
         E.boxes_to_mask([[0, 0, 7, 1]], 4, 6)
