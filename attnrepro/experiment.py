@@ -25,7 +25,7 @@ __all__ = ['RUN_FIELDS', 'EXTRAS', 'register_extra', 'Experiment', 'experiment_d
 
 # %% ../nbs/19_experiment.ipynb #d803dd0b
 RUN_FIELDS = ("top1", "top5", "n_train", "n_val", "num_classes", "epochs", "steps", "wall_time_s", "images_per_s",
-              "losses", "curve", "params", "params_extra", "extras", "device")
+              "losses", "curve", "params", "params_extra", "extras", "device", "correct")
 
 EXTRAS: dict[str, Callable] = {}
 
@@ -66,6 +66,7 @@ class Experiment:
     subset_seed: int = 0
     seed: int = 0
     extras: tuple = ()
+    record_correct: bool = False          # keep the final per-image top-1 hits (result["correct"]); not hashed while False
 
     def __post_init__(self):
         if self.dataset not in DATASETS: _bad("dataset", self.dataset, f"register it in attnrepro.data; known: {sorted(DATASETS)}")
@@ -88,11 +89,17 @@ class Experiment:
         unknown = sorted(set(self.extras) - set(EXTRAS))
         if unknown: _bad("extras", self.extras, f"unknown {unknown}; registered: {sorted(EXTRAS)}")
         object.__setattr__(self, "extras", tuple(self.extras))
+        if not isinstance(self.record_correct, bool): _bad("record_correct", self.record_correct, "give True or False")
+        if self.record_correct and not info.head:
+            _bad("record_correct", self.record_correct, f"method {self.method!r} trains no classification head, so there "
+                 "are no top-1 hits to record; compare its extras instead")
 
     def to_config(self) -> dict:
-        "The JSON-able config (what `PaperRun.run` hashes): every field, plus kind='experiment'."
+        """The JSON-able config (what `PaperRun.run` hashes): every field, plus kind='experiment'; `record_correct` only
+        when True (added after configs were cached: a config without it hashes as before)."""
         return {"kind": "experiment", **{f.name: (list(getattr(self, f.name)) if f.name == "extras" else getattr(self, f.name))
-                                        for f in dataclasses.fields(self)}}
+                                        for f in dataclasses.fields(self)
+                                        if not (f.name == "record_correct" and not self.record_correct)}}
 
     @classmethod
     def from_config(cls, config: dict) -> "Experiment":
@@ -129,7 +136,8 @@ def run_experiment(exp: Experiment, ckpt_dir=None, progress: bool = False, devic
     teacher = get_teacher(exp.teacher) if exp.teacher is not None else None
     model, method = create_method(exp.method, student, teacher, **exp.options)
     cfg = TrainConfig(**{**exp.train, **AUGMENT_PRESETS[exp.augment], **method.train_overrides, "seed": exp.seed})
-    res = fit(model, tr, va if info.head else None, cfg, method=method, ckpt_dir=ckpt_dir, progress=progress, device=device)
+    res = fit(model, tr, va if info.head else None, cfg, method=method, ckpt_dir=ckpt_dir, progress=progress, device=device,
+              record_correct=exp.record_correct)
     last = res["history"][-1]
     train_s = sum(h.get("epoch_time_s", 0.0) for h in res["history"])
     out = dict(top1=res["final"].get("acc1") if info.head else None, top5=res["final"].get("acc5") if info.head else None,
@@ -139,7 +147,7 @@ def run_experiment(exp: Experiment, ckpt_dir=None, progress: bool = False, devic
                curve=[dict(epoch=h["epoch"] + 1, top1=h["val_acc1"]) for h in res["history"] if "val_acc1" in h],
                params=res["n_params"], params_extra=res["n_params_extra"],
                extras={name: EXTRAS[name](model, tr_eval, va, exp) for name in exp.extras},
-               device=str(next(model.parameters()).device))
+               device=str(next(model.parameters()).device), correct=res["final"].get("correct"))
     assert tuple(out) == RUN_FIELDS
     for k, v in out["losses"].items():
         if not math.isfinite(v): raise FloatingPointError(f"run_experiment: loss term {k!r} is {v} after training")

@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 from tqdm import tqdm
 
 from timm.data import Mixup
@@ -382,27 +383,56 @@ def topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: Sequence[int] = (1, 
     hit = pred == y[:, None]
     return [int(hit[:, :min(k, kmax)].any(1).sum()) for k in ks]
 
+_SHUFFLING = (RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+def _check_hit_order(loader, distributed: bool) -> None:
+    "Per-sample hits pair up across models only when the loader's order is fixed (and, under DDP, can be undone)."
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, _SHUFFLING) or (isinstance(sampler, DistributedSampler) and sampler.shuffle):
+        raise ValueError(f"evaluate(return_correct=True): the loader's {type(sampler).__name__} shuffles, so the per-sample "
+                         "hits would not line up with the dataset (nor with another model's); build it with shuffle=False")
+    if distributed and not isinstance(sampler, ShardSampler):
+        raise ValueError(f"evaluate(return_correct=True) under DDP needs a loader over a ShardSampler (what fit builds from "
+                         f"a Dataset: its shards interleave back into dataset order), got {type(sampler).__name__}: pass "
+                         "the validation Dataset to fit instead of a DataLoader, or evaluate in a single process")
+
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device: torch.device | str | None = None, amp: bool = False,
-             distributed: bool = False) -> dict:
-    "`{acc1, acc5, loss, n}` of `model` on `loader` (percentages; sums all-reduced when `distributed`)."
+             distributed: bool = False, return_correct: bool = False) -> dict:
+    """`{acc1, acc5, loss, n}` of `model` on `loader` (percentages; sums all-reduced when `distributed`).
+    `return_correct`: also `correct`, the per-sample top-1 hits (numpy bool) in the loader's order; under
+    `distributed`, every rank's `ShardSampler` shard gathered back into dataset order (on every rank)."""
+    if return_correct: _check_hit_order(loader, distributed)
     # by default batches go where the model is (`fit` leaves a trained model on the GPU)
     device = model_device(model) if device is None else torch.device(device)
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss*n, n
+    hits = []
     for batch in loader:
         x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(x)
         logits = logits.float()
-        c1, c5 = topk_correct(logits, y, (1, 5))
+        # one ranking for acc1, acc5 and the hits (as topk_correct: k capped at the number of classes)
+        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]
+        c1, c5 = int(hit[:, 0].sum()), int(hit.any(1).sum())
+        if return_correct: hits.append(hit[:, 0].cpu())
         sums += torch.tensor([c1, c5, F.cross_entropy(logits, y, reduction="sum").item(), len(y)], dtype=torch.float64)
     model.train(was_training)
     if distributed: sums = _all_reduce_sum(sums.to(device)).cpu()
     c1, c5, loss, n = sums.tolist()
     if n == 0: raise ValueError("evaluate: the validation loader yielded no samples.")
-    return dict(acc1=100 * c1 / n, acc5=100 * c5 / n, loss=loss / n, n=int(n))
+    out = dict(acc1=100 * c1 / n, acc5=100 * c5 / n, loss=loss / n, n=int(n))
+    if return_correct:
+        correct = torch.cat(hits).numpy() if hits else np.zeros(0, dtype=bool)
+        if distributed:
+            shards = [None] * _world()
+            dist.all_gather_object(shards, (list(loader.sampler.idx), correct))
+            correct = np.zeros(int(n), dtype=bool)
+            for idx, h in shards: correct[idx] = h
+        out["correct"] = correct
+    return out
 
 # %% ../nbs/06_train.ipynb #14966272
 def _loaders(train_data, val_data, cfg: TrainConfig, device: torch.device):
@@ -612,16 +642,24 @@ def _result(run: RunState, history, best, wall, resumed_from, n_params) -> dict:
 def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method | None = None,
         ckpt_dir: Path | str | None = None, progress: bool = True,
         evaluate_fn: Callable[[nn.Module, Any, torch.device], dict] | None = None,
-        device: torch.device | str | None = None, ckpt_interval_s: float | None = None) -> dict:
+        device: torch.device | str | None = None, ckpt_interval_s: float | None = None,
+        record_correct: bool = False) -> dict:
     """Train `model` (in place) with `method` (default: supervised CE) and return a JSON-serialisable result:
     `final`/`best` val metrics, per-epoch `history`, `steps`, `wall_time_s`, param counts and `cfg_hash`.
     Resumes from `<ckpt_dir>/checkpoint.pth` when present. `evaluate_fn(model, val_loader, device) -> dict`
     replaces top-1/top-5 evaluation (the best epoch is tracked on its `acc1` when present). Besides every epoch's end,
     a single process also checkpoints inside an epoch every `ckpt_interval_s` seconds (default
-    `$ATTNREPRO_CKPT_INTERVAL_S` or 600), so that a kill loses minutes, not an epoch; the resume is exact."""
+    `$ATTNREPRO_CKPT_INTERVAL_S` or 600), so that a kill loses minutes, not an epoch; the resume is exact.
+    `record_correct`: the final evaluation's per-image top-1 hits, in the validation set's order, go to
+    `result["final"]["correct"]` (an `attnrepro.verdicts.pack_correct` string) for paired comparisons of models scored
+    on the same images; a run read back from a finished checkpoint is scored again. Not part of `cfg`, so run configs
+    and their hashes do not change."""
     method = method if method is not None else Method()
     method.validate()
     if not isinstance(cfg, TrainConfig): raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    if record_correct and (val_data is None or evaluate_fn is not None):
+        raise ValueError("fit(record_correct=True) needs val_data and the built-in evaluation (evaluate_fn=None): the "
+                         "per-image hits come from attnrepro.train.evaluate")
     init_distributed()
     det_before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     bench_before = torch.backends.cudnn.benchmark
@@ -659,6 +697,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
         # resume
         ckpt = Path(ckpt_dir) / CKPT_NAME if ckpt_dir is not None else None
         start, history, best, wall, resumed_from, mid = 0, [], None, 0.0, None, None
+        final_hits = None
         if ckpt is not None and ckpt.exists():
             ck = load_checkpoint(ckpt)
             h = config_hash(cfg)
@@ -713,7 +752,10 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             mid = None
             row = dict(epoch=epoch, **train_one_epoch(run, train_loader, epoch, progress, on_step=on_step, **resume))
             if val_loader is not None and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-                row.update({f"val_{k}": v for k, v in _eval(model, val_loader, val_data, device, cfg, evaluate_fn).items()})
+                m = _eval(model, val_loader, val_data, device, cfg, evaluate_fn,
+                          return_correct=record_correct and epoch + 1 == cfg.epochs)
+                if "correct" in m: final_hits = m.pop("correct")   # kept out of the history (and the checkpoint)
+                row.update({f"val_{k}": v for k, v in m.items()})
                 if ema is not None:
                     row.update({f"val_ema_{k}": v for k, v in _eval(ema.module, val_loader, val_data, device, cfg, evaluate_fn).items()})
             extra = method.on_epoch_end(_make_ctx(run, epoch, {t.name: t.weight_at(epoch) for t in method.terms},
@@ -732,17 +774,31 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                 tqdm.write(f"[{method.name}] epoch {epoch + 1}/{cfg.epochs} {msg} ({row['epoch_time_s']:.1f}s)")
         if best is None and history and any(k.startswith("val_") for k in history[-1]):
             best = {k[4:]: v for k, v in history[-1].items() if k.startswith("val_")} | {"epoch": history[-1]["epoch"]}
-        return _result(run, history, best, wall, resumed_from, n_params)
+        res = _result(run, history, best, wall, resumed_from, n_params)
+        if record_correct: res["final"]["correct"] = _packed_hits(model, val_loader, device, cfg, final_hits, res["final"])
+        return res
     finally:
         torch.use_deterministic_algorithms(det_before[0], warn_only=det_before[1])
         torch.backends.cudnn.benchmark = bench_before
 
-def _eval(model, val_loader, val_data, device, cfg, evaluate_fn) -> dict:
-    if evaluate_fn is None: return evaluate(model, val_loader, device, amp=cfg.amp, distributed=_world() > 1)
+def _eval(model, val_loader, val_data, device, cfg, evaluate_fn, return_correct: bool = False) -> dict:
+    if evaluate_fn is None:
+        return evaluate(model, val_loader, device, amp=cfg.amp, distributed=_world() > 1, return_correct=return_correct)
     # a custom evaluation sees the whole validation set on every rank (no sharding, no reduction needed)
     loader = val_loader if _world() == 1 or isinstance(val_data, DataLoader) else DataLoader(
         val_data, batch_size=cfg.batch_size, shuffle=False, num_workers=cfg.num_workers)
     return _plain(evaluate_fn(model, loader, device), "evaluate_fn")
+
+def _packed_hits(model, val_loader, device, cfg, hits, final: dict) -> str:
+    "The final per-image hits as a `pack_correct` string, checked against the final top-1."
+    from attnrepro.verdicts import pack_correct   # lazy: scipy is not needed to train
+    if hits is None:   # a finished run read back from its checkpoint: score its final weights again
+        hits = _eval(model, val_loader, None, device, cfg, None, return_correct=True)["correct"]
+    if len(hits) != final.get("n") or not math.isclose(100 * float(np.mean(hits)), final.get("acc1", math.nan), abs_tol=1e-9):
+        raise RuntimeError(f"fit(record_correct=True): the per-image hits ({int(np.sum(hits))} of {len(hits)}) do not "
+                           f"reproduce the final top-1 {final.get('acc1')} on n={final.get('n')}: the evaluation is not "
+                           "deterministic on this device; delete the checkpoint and train again")
+    return pack_correct(hits)
 
 def _plain(d: dict, who: str) -> dict:
     "Metrics as plain finite floats/ints, so results stay JSON-serialisable."

@@ -58,3 +58,37 @@ def test_bad_experiments_are_refused_by_name(bad, message):
     with pytest.raises(ValueError, match=None) as e:
         Experiment(**{**COMMON, **bad})
     assert message in str(e.value)
+
+
+# hashes of these configs computed before record_correct existed (commit 82cf8f4): cached runs must keep their keys
+HASH_BEFORE_RECORD_CORRECT = {"default": "1b415261cd91d794", "attn_distill_knn": "84ee7fa2a639007e"}
+
+
+def test_record_correct_leaves_existing_config_hashes_unchanged():
+    from attnrepro.core import config_hash
+    default = Experiment(**COMMON)
+    other = Experiment(**COMMON, method="attn_distill", teacher={"algorithm": "supervised", "arch": SHAPE},
+                       options=dict(weight=1.0), extras=("knn",))
+    assert config_hash(default.to_config()) == HASH_BEFORE_RECORD_CORRECT["default"]
+    assert config_hash(other.to_config()) == HASH_BEFORE_RECORD_CORRECT["attn_distill_knn"]
+    assert "record_correct" not in default.to_config()
+    assert config_hash(Experiment(**COMMON, record_correct=False).to_config()) == HASH_BEFORE_RECORD_CORRECT["default"]
+    rec = Experiment(**COMMON, record_correct=True)
+    assert rec.to_config()["record_correct"] is True and config_hash(rec.to_config()) != HASH_BEFORE_RECORD_CORRECT["default"]
+    assert Experiment.from_config(json.loads(json.dumps(rec.to_config()))) == rec
+
+
+def test_record_correct_returns_the_final_hits():
+    from attnrepro.verdicts import unpack_correct
+    r = run_experiment(Experiment(**COMMON, record_correct=True))
+    hits = unpack_correct(r["correct"])
+    assert tuple(r) == RUN_FIELDS and len(hits) == r["n_val"] == 100   # the cifar10-sample test split, in its order
+    assert abs(100 * hits.mean() - r["top1"]) < 1e-9
+    json.dumps(r, allow_nan=False)
+
+
+def test_record_correct_refused_without_a_head():
+    with pytest.raises(ValueError, match="no classification head"):
+        Experiment(**COMMON, method="attndistill", teacher={"algorithm": "mae", "arch": SHAPE}, record_correct=True)
+    with pytest.raises(ValueError, match="give True or False"):
+        Experiment(**COMMON, record_correct="yes")

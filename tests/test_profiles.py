@@ -88,3 +88,26 @@ def test_walkers_find_what_they_should():
          "rows": [{"paper_teacher": "ResNet34", "teacher": "r20"}], "name": "not-a-dataset"}
     assert dataset_names(p) == {"tiny-imagenet", "cifar10"}
     assert teacher_refs(p) == {"mae_x", "r56", "r20"}
+
+
+def test_attention_transfer_pilot_is_the_teachers_gate_regime():
+    """attention_transfer's pilot re-runs the teachers notebook's CIFAR-10 gate regime (whose seed spread and timings
+    sized it) with the paper's four arms; smoke only has to exercise the same keys."""
+    at, teachers = profiles("attention_transfer"), profiles("teachers")["mini"]
+    gate = teachers["gates"]
+    task = gate["tasks"]["cifar10"]
+    for prof in ("smoke", "mini"):
+        P = at[prof]
+        pl = P["pilot"]
+        assert pl["data"] in P["data"] and pl["schedule"] in P["recipes"] and pl["teacher_key"] in P["teachers"], prof
+        assert set(pl["arm_seeds"]) == {"scratch", "finetune", "copy", "distill"}, prof
+        assert P["recipes"][pl["schedule"]]["val"] == "val" and not P["data"][pl["data"]].get("val_per_class"), prof
+    mini = at["mini"]
+    pl = mini["pilot"]
+    data, recipe = mini["data"][pl["data"]], mini["recipes"][pl["schedule"]]
+    assert {k: data[k] for k in task["data"]} == task["data"]            # cifar10, 500 per class, full test split
+    assert recipe["train"] == task["train"] and recipe["augment"] == task["augment"]
+    assert recipe.get("drop_path_rate", 0.0) == 0.0                      # build_transfer's default in the gate runs
+    assert mini["shape"] == teachers["arch"]
+    assert mini["teachers"][pl["teacher_key"]] == "mae_cifar10_mini"
+    assert all(len(s) >= 2 for s in pl["arm_seeds"].values()) and pl["floor"] == gate["scratch_floor"]

@@ -13,6 +13,7 @@ from attnrepro.core import config_hash, resumed_time
 from attnrepro.train import (CKPT_NAME, LARS, LossTerm, Method, NonFiniteLossError, TrainConfig, assign_grads,
                              ce_term, constant, cosine_lr, evaluate, fit, load_checkpoint, project_conflicting,
                              term_grads, topk_correct)
+from attnrepro.verdicts import unpack_correct
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,6 +90,23 @@ def test_topk_and_evaluate():
     m = evaluate(model, dl)
     assert math.isclose(m["acc1"], 200 / 3) and m["acc5"] == 100 and m["n"] == 3
     assert math.isclose(m["loss"], F.cross_entropy(logits, y).item(), rel_tol=1e-6)
+
+
+def test_evaluate_return_correct_in_loader_order():
+    # argmax per row: 0, 2, 1, 3 against labels 0, 1, 1, 3 -> hits T, F, T, T
+    logits = torch.tensor([[5., 1., 0., 0.], [0., 1., 5., 0.], [1., 5., 0., 0.], [0., 0., 1., 2.]])
+    y = torch.tensor([0, 1, 1, 3])
+    model = nn.Identity()
+    m = evaluate(model, DataLoader(TensorDataset(logits, y), batch_size=3), return_correct=True)
+    assert m["correct"].dtype == bool and m["correct"].tolist() == [True, False, True, True]
+    assert m["acc1"] == 100 * m["correct"].mean() == 75 and m["n"] == 4
+    assert "correct" not in evaluate(model, DataLoader(TensorDataset(logits, y), batch_size=3))   # default: metrics only
+    shuffled = DataLoader(TensorDataset(logits, y), batch_size=2, shuffle=True)
+    with pytest.raises(ValueError, match="RandomSampler shuffles.*shuffle=False"):
+        evaluate(model, shuffled, return_correct=True)
+    evaluate(model, shuffled)   # without hits the order does not matter
+    with pytest.raises(ValueError, match="under DDP needs a loader over a ShardSampler"):
+        evaluate(model, DataLoader(TensorDataset(logits, y), batch_size=2), distributed=True, return_correct=True)
 
 
 def test_evaluate_sends_batches_to_the_models_device(monkeypatch):
@@ -225,6 +243,57 @@ def test_dataloaders_and_custom_evaluate_fn():
     assert "val_acc1" not in res["history"][0] and res["history"][1]["val_custom"] == 3.0
     assert res["best"] == {"acc1": 20.0, "custom": 3.0, "epoch": 2} and res["final"]["acc1"] == 20.0
     assert res["steps"] == 3 * 4
+
+
+class Always0(nn.Module):
+    "Predicts class 0 for every image (a trainable bias that gets no gradient keeps fit's optimiser happy)."
+    num_classes = 4
+    def __init__(self):
+        super().__init__()
+        self.b = nn.Parameter(torch.zeros(4))
+    def forward(self, x):
+        return torch.tensor([10., 0., 0., 0.]).expand(len(x), 4) + 0 * self.b
+
+
+def test_fit_record_correct_follows_dataset_order(tmp_path):
+    labels = torch.tensor([0, 1, 0, 0, 2, 3, 0, 1, 1, 0, 3, 2, 0])   # 6 of 13 are class 0; not a multiple of the batch
+    val = TensorDataset(torch.zeros(len(labels), 3, 16, 16), labels)
+    cfg = TrainConfig(epochs=2, batch_size=4, lr=1e-3, warmup_epochs=0)
+    res = fit(Always0(), toy_data(16), val, cfg, ckpt_dir=tmp_path, progress=False, record_correct=True)
+    hits = unpack_correct(res["final"]["correct"])
+    assert hits.tolist() == (labels == 0).tolist()                   # hit i is image i of the dataset
+    assert math.isclose(100 * hits.mean(), res["final"]["acc1"]) and math.isclose(res["final"]["acc1"], 600 / 13)
+    json.loads(json.dumps(res, allow_nan=False))
+    assert "correct" not in res["history"][-1] and "correct" not in load_checkpoint(tmp_path / CKPT_NAME)["history"][-1]
+    # a finished run read back from its checkpoint is scored again: the same hits
+    again = fit(Always0(), toy_data(16), val, cfg, ckpt_dir=tmp_path, progress=False, record_correct=True)
+    assert again["resumed_from_epoch"] == 2 and again["final"]["correct"] == res["final"]["correct"]
+
+
+def test_fit_record_correct_changes_nothing_else():
+    """Recording the hits trains and scores the same run: the result equals the default one plus final['correct'];
+    the default leaves the result as it was (no 'correct' key)."""
+    strip = lambda r: {k: v for k, v in r.items() if k != "wall_time_s"} | {
+        "history": [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in r["history"]]}
+    cfg = TrainConfig(**FAST, seed=2)
+    plain = fit(tiny_vit(), toy_data(32), toy_data(24, seed=1), cfg, progress=False)
+    rec = fit(tiny_vit(), toy_data(32), toy_data(24, seed=1), cfg, progress=False, record_correct=True)
+    assert "correct" not in plain["final"] and "correct" not in plain["best"]
+    hits = unpack_correct(rec["final"].pop("correct"))
+    assert strip(rec) == strip(plain) and len(hits) == 24
+    assert math.isclose(100 * hits.mean(), plain["final"]["acc1"])
+
+
+def test_fit_record_correct_refusals():
+    cfg = TrainConfig(**FAST)
+    with pytest.raises(ValueError, match="needs val_data and the built-in evaluation"):
+        fit(tiny_vit(), toy_data(32), None, cfg, progress=False, record_correct=True)
+    with pytest.raises(ValueError, match="needs val_data and the built-in evaluation"):
+        fit(tiny_vit(), toy_data(32), toy_data(16, seed=1), cfg, progress=False, record_correct=True,
+            evaluate_fn=lambda m, dl, d: {"acc1": 1.0})
+    shuffled = DataLoader(toy_data(16, seed=1), batch_size=8, shuffle=True)
+    with pytest.raises(ValueError, match="shuffles"):
+        fit(tiny_vit(), toy_data(32), shuffled, cfg, progress=False, record_correct=True)
 
 
 def test_nan_stops_naming_term():
@@ -476,8 +545,18 @@ model = tiny_vit(seed=rank)  # different init per rank: DDP must broadcast rank 
 torch.manual_seed(10 + rank); proj = nn.Linear(4, 4)
 m = Method([ce_term(), LossTerm("proj", lambda c: F.cross_entropy(c.modules["proj"](c.logits), c.y), 0.5)],
            name="ddp_proj", extra_modules={"proj": proj})
-r = fit(model, toy_data(64), toy_data(30, seed=1), cfg, method=m, ckpt_dir=ckpt, progress=False)
+r = fit(model, toy_data(64), toy_data(30, seed=1), cfg, method=m, ckpt_dir=ckpt, progress=False, record_correct=True)
 res["plain"] = dict(result=r, digest=digest(model, proj))
+from torch.utils.data import DataLoader
+from attnrepro.train import evaluate
+from attnrepro.verdicts import unpack_correct
+one = evaluate(model, DataLoader(toy_data(30, seed=1), batch_size=7), return_correct=True)   # this rank alone
+res["hits_one_process"] = one["correct"].tolist()
+res["hits_ddp"] = unpack_correct(r["final"]["correct"]).tolist()
+try:
+    evaluate(model, DataLoader(toy_data(30, seed=1), batch_size=8), distributed=True, return_correct=True)
+except ValueError as e:
+    res["refused"] = str(e)
 # 2) a custom (gradient-surgery) backward runs unsynced, then every grad is averaged
 def backward(ctx):
     shared = list(ctx.model.blocks.parameters())
@@ -515,6 +594,12 @@ def test_torchrun_two_processes(tmp_path):
         assert 0 <= res["final"]["acc1"] <= 100
     assert (tmp_path / "ckpt" / CKPT_NAME).exists()
     assert not [f for f in (tmp_path / "ckpt").iterdir() if f.name != CKPT_NAME]
+    # per-image hits under DDP: each rank scored every other image; gathered back, they are the dataset's order
+    for r in (r0, r1):
+        assert r["hits_ddp"] == r0["hits_one_process"] and len(r["hits_ddp"]) == 30
+        assert 0 < sum(r["hits_ddp"]) < 30                     # mixed hits, so the order is actually tested
+        assert math.isclose(100 * sum(r["hits_ddp"]) / 30, r["plain"]["result"]["final"]["acc1"])
+        assert "under DDP needs a loader over a ShardSampler" in r["refused"]
 
 
 def test_device_from_environment(monkeypatch):
