@@ -18,11 +18,13 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'CLAIM_TEXTS', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention',
-           'value_weighted', 'cls_attention_loss', 'projector_dims', 'Projector', 'patch_alignment_loss',
-           'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets', 'attndistill_method',
-           'projector_layer_features', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes',
-           'claim_kl_beats_alternatives', 'claim_projector_design']
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS', 'clamp_renorm', 'aggregate_heads',
+           'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss', 'projector_dims', 'Projector',
+           'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets',
+           'attndistill_method', 'projector_layer_features', 'HitArm', 'hit_arm', 'compare',
+           'claim_gain_over_feature_regression', 'claim_gain_across_shapes', 'claim_kl_beats_alternatives',
+           'claim_projector_design', 'table10_rows', 'attndistill_claims', 'reported_getter', 'reported_claims',
+           'loss_shares']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -328,7 +330,14 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
     return [torch.cat(f) for f in feats], torch.cat(labels)
 
 # %% ../nbs/16_attndistill.ipynb #ea8066c6
-from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, less, untestable
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from .report import load_reported, papers_dir
+from .verdicts import (Arm, Estimate, Verdict, all_of, contrast, difference, greater, less, paired_difference,
+                                reported, untestable)
 
 CLAIM_TEXTS = {
     "1": "AttnDistill improves the student over feature regression alone in linear probe, and more in k-NN, "
@@ -338,33 +347,167 @@ CLAIM_TEXTS = {
     "4": "a 4-layer projector is best, and the features before the projector are always a good choice to evaluate "
          "(no projector layer beats them by 0.5 point or more)"}
 
+@dataclass(frozen=True, eq=False)
+class HitArm(Arm):
+    """An `Arm` whose seeds also carry their per-image top-1 hits on one shared test set (`correct`: one
+    `pack_correct` string or bool array per seed, in the order of `values`). Two such arms are compared paired."""
+    correct: tuple = ()
+
+def hit_arm(values, correct, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
+            sd_df: float | None = None) -> HitArm:
+    "A `HitArm` from per-seed values and their per-image hits (`correct`, one entry per seed)."
+    values = tuple(float(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
+    correct = tuple(correct)
+    if len(correct) != len(values):
+        raise ValueError(f"hit_arm {name!r}: {len(values)} values but {len(correct)} per-image hit arrays; "
+                         "pass one per seed, in the same order")
+    return HitArm(values, name, n_test, sd_seed, sd_df, correct)
+
+def compare(a: Arm, b: Arm, label: str = "") -> Estimate:
+    """`mean(a) - mean(b)`: paired on the shared test images (`paired_difference`) when both arms carry per-image
+    hits (`HitArm`), else with independent test-set noise (`difference`)."""
+    if isinstance(a, HitArm) and isinstance(b, HitArm) and a.correct and b.correct:
+        return paired_difference(a, b, a.correct, b.correct, label)
+    return difference(a, b, label)
+
 def claim_gain_over_feature_regression(pa_lp: Arm, ad_lp: Arm, pa_knn: Arm | None = None,
                                        ad_knn: Arm | None = None) -> Verdict:
     """1: AttnDistill - PA > 0 in linear probe; given k-NN arms, also in k-NN (the k-NN gap to the teacher narrows:
     the teacher's number cancels) and by more in k-NN than in the probe (the LP-to-k-NN drop shrinks). Without k-NN
-    arms (the supplement prints none) only the probe part is decided."""
+    arms only the probe part is decided (`attndistill_claims` then adds the k-NN part as untestable)."""
     if (pa_knn is None) != (ad_knn is None): raise ValueError("pass both k-NN arms or neither")
-    parts = [greater(difference(ad_lp, pa_lp, "LP: AttnDistill - PA"))]
+    parts = [greater(compare(ad_lp, pa_lp, "LP: AttnDistill - PA"))]
     if pa_knn is not None:
-        parts += [greater(difference(ad_knn, pa_knn, "k-NN: AttnDistill - PA")),
+        # the difference of differences stays unpaired (conservative: the shared images' noise is counted twice)
+        parts += [greater(compare(ad_knn, pa_knn, "k-NN: AttnDistill - PA")),
                   greater(contrast([(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], "k-NN gain - LP gain"))]
     return all_of(parts)
 
 def claim_gain_across_shapes(pairs: dict) -> Verdict:
     "2: AttnDistill - PA > 0 for every student shape (dict shape -> (PA arm, AttnDistill arm))."
     return all_of([untestable(f"{k}: PA and AttnDistill are the same run") if pa is ad else
-                   greater(difference(ad, pa, f"{k}: AttnDistill - PA")) for k, (pa, ad) in pairs.items()])
+                   greater(compare(ad, pa, f"{k}: AttnDistill - PA")) for k, (pa, ad) in pairs.items()])
 
 def claim_kl_beats_alternatives(kl: Arm, alternatives: dict) -> Verdict:
     "3: the KL attention loss beats each alternative (dict name -> Arm: MSE on attention, weighting by V)."
-    return all_of([untestable(f"KL and {k} are the same run") if a is kl else greater(difference(kl, a, f"KL - {k}"))
+    return all_of([untestable(f"KL and {k} are the same run") if a is kl else greater(compare(kl, a, f"KL - {k}"))
                    for k, a in alternatives.items()])
 
 def claim_projector_design(lp: dict, best: int = 4, margin: float = 0.5) -> Verdict:
     """4: `lp` maps projector depth -> {evaluation layer -> Arm} (layer 0: before the projector). The `best`-layer
     projector beats every other depth at layer 0, and in every projector no layer j >= 1 beats layer 0 by `margin`
     points or more (the paper: layer 0 "is always a good choice", not always the best)."""
-    parts = [greater(difference(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")) for n in lp if n != best]
-    parts += [less(difference(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin)
+    parts = [greater(compare(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")) for n in lp if n != best]
+    parts += [less(compare(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin)
               for n, by in lp.items() for j in by if j != 0]
     return all_of(parts)
+
+# %% ../nbs/16_attndistill.ipynb #a7d10c02
+TABLE10_ROWS = "table10_rows.csv"
+
+def table10_rows(root=None) -> pd.DataFrame:
+    """`papers/attndistill/table10_rows.csv`, indexed by `key`: every row of our Table 10 with the paper row it
+    reproduces (`seed_line`, the line of the seed file), our run (`variant`, `eval_layer`), the swept value (`param`)
+    and why a row cannot be run (`unavailable`). Checked: unique keys, paper lines that exist in the transcription."""
+    p = papers_dir(root) / "attndistill" / TABLE10_ROWS
+    if not p.exists(): raise FileNotFoundError(f"{p} is missing: the Table 10 row map of the attndistill notebook")
+    rows = pd.read_csv(p, comment="#", dtype={"variant": str, "unavailable": str, "attn": str},
+                       keep_default_na=False, na_values={"seed_line": [""], "param": [""]})
+    dup = rows.key[rows.key.duplicated()].tolist()
+    if dup: raise ValueError(f"{p}: duplicate row keys {dup}")
+    rows["seed_line"] = rows.seed_line.astype("Int64")
+    lines = set(load_reported("attndistill", "table10_ablation_full", root).seed_line)
+    bad = sorted(int(x) for x in set(rows.seed_line.dropna()) - lines)
+    if bad: raise ValueError(f"{p}: seed_line {bad} are not rows of reported/table10_ablation_full.csv")
+    return rows.set_index("key", drop=False)
+
+# Table 10 rows (keys of table10_rows.csv) that each claim compares; claim 4 takes every (d) row
+CLAIM_ROWS = {
+    "1": ("a_heads6_pa", "a_heads6_ad"),
+    "2": {"fewer heads": ("a_heads3_pa", "a_heads3_ad"), "teacher's heads": ("a_heads6_pa", "a_heads6_ad"),
+          "patch 28 (interp)": ("a_patch28_pa", "a_patch28_ad"), "half grid (interp)": ("a_halfgrid_pa", "a_halfgrid_ad"),
+          "2/3 depth": ("a_depth_pa", "a_depth_ad"), "combo": ("a_combo_pa", "a_combo_ad")},
+    "3": ("b_logsum", {"MSE": "f_mse", "weight by V": "f_value"}),
+    "4": "d",
+}
+
+def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: float = 0.5) -> dict[str, Verdict]:
+    """Every claim of `CLAIM_TEXTS` decided on the Table 10 rows of `CLAIM_ROWS`. `get(key, metric="lp_top1",
+    schedule="short")` returns the row's `Arm`, or a string saying why it has none (claim 1 asks for the `headline`
+    schedule and for `knn20_top1`). A part the claim names (k-NN, MSE) that has no arm makes the claim untestable, with
+    the reason; an instance of a "for every" (a student shape, a projector layer) without one is left out and named."""
+    rows = table10_rows() if rows is None else rows
+    def missing(*xs): return next((x for x in xs if isinstance(x, str)), None)
+    def note(v: Verdict, skipped: dict) -> Verdict:
+        by_reason = {}
+        for k, why in skipped.items(): by_reason.setdefault(why, []).append(k)
+        if by_reason: v.statement += "; not compared: " + "; ".join(f"{', '.join(ks)} ({why})" for why, ks in by_reason.items())
+        return v
+    out = {}
+    pa, ad = (get(k, "lp_top1", "headline") for k in CLAIM_ROWS["1"])
+    if why := missing(pa, ad):
+        out["1"] = untestable(why, "LP: AttnDistill - PA")
+    else:
+        pk, ak = (get(k, "knn20_top1", "headline") for k in CLAIM_ROWS["1"])
+        out["1"] = (all_of([claim_gain_over_feature_regression(pa, ad), untestable(why, "k-NN parts")])
+                    if (why := missing(pk, ak)) else claim_gain_over_feature_regression(pa, ad, pk, ak))
+    pairs, skipped = {}, {}
+    for shape, keys in CLAIM_ROWS["2"].items():
+        a, b = get(keys[0]), get(keys[1])
+        if why := missing(a, b): skipped[shape] = why
+        else: pairs[shape] = (a, b)
+    out["2"] = note(claim_gain_across_shapes(pairs), skipped) if pairs else untestable(
+        "; ".join(f"{k}: {w}" for k, w in skipped.items()), "no student shape has both rows")
+    kl_key, alt_keys = CLAIM_ROWS["3"]
+    kl = get(kl_key)
+    if isinstance(kl, str):
+        out["3"] = untestable(kl, "KL row")
+    else:
+        alts = {k: get(v) for k, v in alt_keys.items()}
+        have = {k: a for k, a in alts.items() if not isinstance(a, str)}
+        parts = ([claim_kl_beats_alternatives(kl, have)] if have else [])
+        parts += [untestable(a, f"KL - {k}") for k, a in alts.items() if isinstance(a, str)]
+        out["3"] = parts[0] if len(parts) == 1 else all_of(parts)
+    lp, skipped = {}, {}
+    for key, r in rows[rows.group == CLAIM_ROWS["4"]].iterrows():
+        a = get(key)
+        if isinstance(a, str): skipped[f"P{int(r.param)} layer {r.eval_layer}"] = a
+        else: lp.setdefault(int(r.param), {})[int(r.eval_layer)] = a
+    if 4 not in lp or 0 not in lp[4] or len(lp) < 2 or any(0 not in by for by in lp.values()):
+        out["4"] = untestable("the projector sweep lacks layer 0 of the 4-layer or of another projector", "P sweep")
+    else:
+        out["4"] = note(claim_projector_design(lp, 4, margin), skipped)
+    return out
+
+def reported_getter(rows: pd.DataFrame | None = None, root=None) -> Callable:
+    """`attndistill_claims`'s `get` on the paper's own Table 10: linear-probe top-1 of each row as an exact number
+    (`verdicts.reported`; rows printed on one line share one Arm); a reason string where the supplement has none."""
+    rows = table10_rows(root) if rows is None else rows
+    lp = load_reported("attndistill", "table10_ablation_full", root).set_index("seed_line").top1_lp
+    arms = {}
+    def get(key: str, metric: str = "lp_top1", schedule: str = "short"):
+        r = rows.loc[key]
+        if metric != "lp_top1":
+            return (f"the supplement prints no {metric} numbers (its k-NN results are in the main paper's Table 2, "
+                    "plotted in Figure 6, not in the seed)")
+        if pd.isna(r.seed_line):
+            return f"no number in the paper's Table 10 (see {TABLE10_ROWS})"
+        line = int(r.seed_line)
+        return arms.setdefault(line, reported(float(lp.loc[line]), f"line {line}"))
+    return get
+
+def reported_claims(root=None) -> dict[str, Verdict]:
+    "Every claim decided on the paper's own Table 10 (`reported_getter`): each must hold, or be untestable there."
+    rows = table10_rows(root)
+    return attndistill_claims(reported_getter(rows, root), rows)
+
+def loss_shares(losses: dict, attn_weight: float, epoch: int = -1) -> dict:
+    """Each loss term's part of a run's total in one epoch (default: the last), from the per-epoch means a run stores
+    (`fit`'s history: `loss` = the weighted total, `loss_<term>` = each term unweighted): the raw attention loss
+    L_a, lambda x L_a, the feature loss, and the attention share lambda L_a / total (0 without an attention term)."""
+    if "loss" not in losses: raise KeyError(f"loss_shares: no total 'loss' among {sorted(losses)}")
+    total = float(losses["loss"][epoch])
+    raw = float(losses["loss_attn"][epoch]) if "loss_attn" in losses else 0.0
+    feat = float(losses["loss_feat"][epoch]) if "loss_feat" in losses else 0.0
+    return dict(attn_raw=raw, attn_weighted=attn_weight * raw, feat=feat,
+                attn_share=attn_weight * raw / total if total else float("nan"))

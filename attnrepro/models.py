@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import timm
+from timm.layers import build_sincos2d_pos_embed
 from timm.models.convit import ConVit
 
 from .data import data_roots, sha256_file  # one search order and one hasher for data and weights
@@ -24,14 +25,15 @@ from timm.models.vision_transformer import VisionTransformer
 from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
 
 # %% auto #0
-__all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS',
+__all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS', 'POS_EMBEDS',
            'CHECKPOINT_SUFFIXES', 'KEY_MAPS', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1', 'BUILTIN_TEACHERS',
-           'pit_stage_depths', 'create_student', 'describe_model', 'count_flops', 'LegacyBatchNorm2d', 'ShortcutA',
-           'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError', 'unwrap_state_dict', 'read_checkpoint',
-           'read_state_dict', 'load_state_dict_strict', 'KeyMap', 'map_checkpoint', 'verify_hash_prefix',
-           'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config', 'build_model', 'efficientnet_lite0_weights_path',
-           'map_lite0_state_dict', 'fetch_teacher', 'teacher_names', 'load_teacher', 'teacher_record', 'save_teacher',
-           'intermediate_features', 'block_names', 'cnn_block_features']
+           'pit_stage_depths', 'sincos_pos_embed_', 'create_student', 'describe_model', 'count_flops',
+           'LegacyBatchNorm2d', 'ShortcutA', 'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError',
+           'unwrap_state_dict', 'read_checkpoint', 'read_state_dict', 'load_state_dict_strict', 'KeyMap',
+           'map_checkpoint', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config',
+           'build_model', 'efficientnet_lite0_weights_path', 'map_lite0_state_dict', 'fetch_teacher', 'teacher_names',
+           'load_teacher', 'teacher_record', 'save_teacher', 'intermediate_features', 'block_names',
+           'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
 from .data import IMAGENET_MEAN, IMAGENET_STD  # one definition, re-exported here
@@ -67,6 +69,25 @@ def _timm_kwargs(cls) -> list[str]:
     sig_cls = VisionTransformer if cls is VisionTransformerDistilled else cls  # the distilled class takes *args, **kw
     return sorted(p for p in inspect.signature(sig_cls.__init__).parameters if p not in ("self", "args", "kwargs"))
 
+POS_EMBEDS = ("learn", "sincos", "none")
+
+def sincos_pos_embed_(model: nn.Module) -> nn.Module:
+    """Replace a timm ViT's learnable position embedding by a fixed 2-D sin-cos one, in place, and freeze it
+    (MoCo v3 / MAE's ImageNet-Subset models, Table 7 of AttnDistill): timm's `build_sincos2d_pos_embed` over the
+    patch grid (temperature 10000, [sin h, sin w, cos h, cos w] per frequency band), zeros for the prefix tokens."""
+    if getattr(model, "pos_embed", None) is None or not hasattr(model, "patch_embed"):
+        raise ValueError(f"sincos_pos_embed_: {type(model).__name__} has no absolute position embedding to replace")
+    gh, gw = model.patch_embed.grid_size
+    n, dim = model.pos_embed.shape[1:]
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs embed_dim divisible by 4 (sin and cos of 2 axes), got {dim}; "
+                         "use pos_embed='learn'")
+    pe = build_sincos2d_pos_embed([gh, gw], dim)
+    with torch.no_grad():
+        model.pos_embed.copy_(torch.cat([pe.new_zeros(n - gh * gw, dim), pe])[None])
+    model.pos_embed.requires_grad_(False)
+    return model
+
 def _build_timm(cls, arch: str, **kw) -> nn.Module:
     try:
         return cls(**kw)
@@ -96,6 +117,12 @@ def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, e
         raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
     if arch != "pit":
         _positive_int("depth", depth)
+    pos_embed = kw.get("pos_embed", "learn")
+    if pos_embed not in POS_EMBEDS + ("",):
+        raise ValueError(f"create_student: pos_embed={pos_embed!r}; valid: {POS_EMBEDS}")
+    if pos_embed == "sincos" and arch not in ("vit", "deit"):
+        raise ValueError(f"create_student: pos_embed='sincos' needs arch 'vit' or 'deit' (an absolute position "
+                         f"embedding over the patch grid), got arch={arch!r}")
     cfg = dict(arch=arch, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
                depth=depth if isinstance(depth, int) else list(depth), num_heads=num_heads,
                num_classes=num_classes, drop_path_rate=drop_path_rate, **kw)
@@ -103,7 +130,9 @@ def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, e
     common = dict(img_size=img_size, patch_size=patch_size, num_classes=num_classes, drop_path_rate=drop_path_rate)
     if arch in ("vit", "deit"):
         cls = VisionTransformer if arch == "vit" else VisionTransformerDistilled
+        if pos_embed == "sincos": kw["pos_embed"] = "learn"   # timm builds the parameter; we fill and freeze it
         model = _build_timm(cls, arch, **common, embed_dim=embed_dim, depth=depth, num_heads=num_heads, **kw)
+        if pos_embed == "sincos": sincos_pos_embed_(model)
     elif arch == "convit":
         local = kw.pop("local_up_to_layer", min(depth - 1, round(depth * 10 / 12)))
         if not 0 <= local < depth:

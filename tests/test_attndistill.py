@@ -11,9 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from attnrepro.attention import attention_maps
 from attnrepro.attndistill import (AGGREGATIONS, CompRessQueue, Projector, aggregate_heads, attndistill_method,
                                    clamp_renorm, cls_attention_loss, compress_loss, interpolate_cls_attention,
-                                   layer_pairs, patch_alignment_loss, projector_dims, projector_layer_features,
-                                   teacher_targets, value_weighted)
-from attnrepro.models import create_student
+                                   layer_pairs, loss_shares, patch_alignment_loss, projector_dims,
+                                   projector_layer_features, teacher_targets, value_weighted)
+from attnrepro.models import create_student, describe_model
 from attnrepro.train import StepContext, TrainConfig, fit
 
 
@@ -102,6 +102,38 @@ def test_kl_golden_with_aggregation_and_interpolation():
         return z / z.sum(-1, keepdims=True)
     sn, tn = np_clamp(agg(s.numpy().astype(np.float64), 10.0)), np_clamp(agg(ti, 10.0))
     np.testing.assert_allclose(cls_attention_loss(s, t, T=10.0).item(), np_kl(sn, tn, 2), rtol=1e-4)
+
+
+def test_aggregated_kl_scales_as_one_over_T_squared():
+    """Log-sum aggregation at temperature T: KL(softmax(z_t / T) || softmax(z_s / T)) -> Var_keys(z_t - z_s) / (2 T^2)
+    (second-order expansion around the uniform map), so at T = 10 the aggregated term is ~100x smaller than the
+    logits' spread suggests. Golden: that limit, computed by hand, at 3 heads x 65 keys (our mini maps)."""
+    torch.manual_seed(5)
+    s, t = (torch.randn(4, 3, 65) * 2).softmax(-1), (torch.randn(4, 3, 65) * 2).softmax(-1)
+    d = (t.double().log().sum(1) - s.double().log().sum(1)).numpy()          # z_t - z_s per image, over keys
+    limit = float((d.var(-1) / 2).mean())                                     # batchmean of Var_uniform / 2
+    kl = {T: cls_attention_loss(s, t, T=T, aggregate="logsum").item() for T in (10.0, 20.0, 100.0)}
+    np.testing.assert_allclose(kl[100.0] * 100.0 ** 2, limit, rtol=0.01)
+    np.testing.assert_allclose(kl[10.0] * 10.0 ** 2, limit, rtol=0.03)        # already in the 1/T^2 regime at T = 10
+    assert 3.9 < kl[10.0] / kl[20.0] < 4.1
+    # the per-head KL of the same maps (no aggregation, same head count) is orders of magnitude larger
+    assert cls_attention_loss(s, t, aggregate=None).item() > 50 * kl[10.0]
+
+
+def test_loss_shares_golden():
+    "From the committed mini runs (last epoch's per-term means; loss = feat + lambda attn, lambda = 0.1)."
+    base_ad = {"loss": [0.133519], "loss_attn": [0.585768], "loss_feat": [0.074942]}
+    heads_ad = {"loss": [0.074114], "loss_attn": [0.008856], "loss_feat": [0.073228]}
+    s = loss_shares(base_ad, 0.1)
+    np.testing.assert_allclose([s["attn_raw"], s["attn_weighted"], s["feat"]], [0.585768, 0.0585768, 0.074942])
+    np.testing.assert_allclose(s["attn_share"], 0.0585768 / 0.133519)            # 43.9 %
+    np.testing.assert_allclose(s["feat"] + s["attn_weighted"], base_ad["loss"][0], atol=1e-6)
+    np.testing.assert_allclose(loss_shares(heads_ad, 0.1)["attn_share"], 0.0008856 / 0.074114)   # 1.2 %
+    pa = loss_shares({"loss": [0.3, 0.073226], "loss_feat": [0.3, 0.073226]}, 0.0)
+    assert pa["attn_share"] == 0 and pa["attn_raw"] == 0 and pa["feat"] == 0.073226
+    assert loss_shares({"loss": [1.0, 0.5], "loss_attn": [2.0, 1.0]}, 0.5, epoch=0)["attn_share"] == 1.0
+    with pytest.raises(KeyError, match="total"):
+        loss_shares({"loss_feat": [1.0]}, 0.1)
 
 
 def test_attention_loss_errors():
@@ -230,3 +262,26 @@ def test_projector_layer_features():
     with torch.no_grad():
         torch.testing.assert_close(feats[0], student.forward_features(data(10).tensors[0])[:, 0])
     assert all(torch.isfinite(f).all() for f in feats)
+
+
+# --- the paper profile as configuration --------------------------------------------------------------------------
+
+def test_paper_profile_students_match_table_7_and_probe_table_9():
+    from attnrepro.report import load_profile, load_reported
+    P = load_profile("attndistill", "paper")
+    t7 = load_reported("attndistill", "table7_network_configs")
+    t7 = t7[(t7.setting == "ImageNet-Subset") & (t7.role == "student")]
+    printed = {(int(r.layers), int(r.dim), int(r.heads), int(r.patch_size)) for r in t7.itertuples()}
+    assert set(t7.pe) == {"sin-cos"}
+    ours = {k: s for k, s in P["students"].items() if k != "patch28"}   # patch 28 is Table 10-a only
+    assert {(s["depth"], s["embed_dim"], s["num_heads"], s["patch_size"]) for s in ours.values()} == printed
+    assert all(s["pos_embed"] == "sincos" for s in P["students"].values())
+    s = create_student("vit", img_size=P["img_size"], num_classes=0, **P["students"]["combo"])
+    assert not s.pos_embed.requires_grad and describe_model(s)["grid"] == (7, 7)
+    t9 = load_reported("attndistill", "table9_linear_probe_settings").set_index("config").value
+    E = P["eval"]
+    assert (E["probe_warmup_epochs"], E["probe_epochs"], E["probe_batch"], E["probe_lr"]) == (
+        int(t9["warmup epochs"]), int(t9["training epochs"]), int(t9["batch size"]), float(t9["base learning rate"]))
+    # the runnable profiles keep timm's learnable embedding (their cached runs stay valid)
+    for prof in ("smoke", "mini"):
+        assert all("pos_embed" not in s for s in load_profile("attndistill", prof)["students"].values())

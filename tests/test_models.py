@@ -71,6 +71,43 @@ def test_student_errors(kw, exc, words):
         M.create_student(**kw)
     assert all(w in str(e.value) for w in words), str(e.value)
 
+def _np_sincos(gh, gw, dim, temperature=10000.0):
+    "Reference 2-D sin-cos table by hand: token (h, w) -> [sin(h f), sin(w f), cos(h f), cos(w f)], f_k = T^(-k/(dim/4))."
+    f = temperature ** -(np.arange(dim // 4) / (dim // 4))
+    rows = [np.concatenate([np.sin(h * f), np.sin(w * f), np.cos(h * f), np.cos(w * f)])
+            for h in range(gh) for w in range(gw)]   # row-major over the grid, as timm flattens patches
+    return np.stack(rows)
+
+@pytest.mark.parametrize("arch,prefix", [("vit", 1), ("deit", 2)])
+def test_sincos_pos_embed_golden_and_frozen(arch, prefix):
+    torch.manual_seed(0)
+    m = M.create_student(arch, img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=4,
+                         pos_embed="sincos")
+    pe = m.pos_embed.detach()[0].numpy()
+    assert pe.shape == (prefix + 16, 16) and (pe[:prefix] == 0).all()       # class (and dist) token rows: zeros
+    np.testing.assert_allclose(pe[prefix:], _np_sincos(4, 4, 16), atol=1e-6)
+    # token (h=1, w=0), dim 16 = 4 bands of frequency 10000^(-k/4) = 1, 0.1, 0.01, 0.001: sin h, sin w, cos h, cos w
+    np.testing.assert_allclose(pe[prefix + 4], [np.sin(1), np.sin(0.1), np.sin(0.01), np.sin(0.001), 0, 0, 0, 0,
+                                                np.cos(1), np.cos(0.1), np.cos(0.01), np.cos(0.001), 1, 1, 1, 1], atol=1e-6)
+    assert not m.pos_embed.requires_grad and m.student_cfg["pos_embed"] == "sincos"
+    # frozen through training: the optimiser never sees it; a rebuilt model from student_cfg is identical
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=0.1, weight_decay=0.5)
+    m(torch.randn(2, 3, 32, 32)).square().mean().backward(); opt.step()
+    np.testing.assert_array_equal(m.pos_embed.detach()[0].numpy(), pe)
+    assert torch.equal(M.create_student(**m.student_cfg).pos_embed, m.pos_embed)
+    # the learnable default is unchanged (random, trainable)
+    assert M.create_student(arch, **TINY).pos_embed.requires_grad
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(pos_embed="fixed"), ["pos_embed='fixed'", "sincos", "learn"]),
+    (dict(arch="pit", pos_embed="sincos"), ["sincos", "pit"]),
+    (dict(embed_dim=18, num_heads=3, pos_embed="sincos"), ["divisible by 4", "18"]),
+])
+def test_sincos_pos_embed_errors(kw, words):
+    with pytest.raises(ValueError) as e:
+        M.create_student(**kw)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
 def _vit_macs(n_patch, patch, dim, depth, classes, prefix, heads_out=1):
     n = n_patch + prefix
     block = 3 * n * dim * dim + 2 * n * n * dim + n * dim * dim + 8 * n * dim * dim   # qkv, QK^T + AV, proj, MLP
