@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['PACKAGE_DIR', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes', 'atomic_write_text',
-           'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'resumed_time', 'note_resumed',
-           'package_versions', 'seed_everything']
+__all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'resumed_time',
+           'note_resumed', 'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -36,9 +36,17 @@ def cache_dir(*parts: str) -> Path:
     return d
 
 # %% ../nbs/00_core.ipynb #9b3b71c8
+# field metadata for a config field added after runs were cached: at its default the field is left out of the
+# canonical JSON, so every config that predates it keeps its hash (and its cached result / checkpoint)
+OMIT_AT_DEFAULT = {"hash": "omit_at_default"}
+
+def _omitted(f: dataclasses.Field, value) -> bool:
+    return f.metadata.get("hash") == "omit_at_default" and f.default is not dataclasses.MISSING and value == f.default
+
 def _canonical(obj):
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: _canonical(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if not _omitted(f, getattr(obj, f.name))}
     if isinstance(obj, dict):
         return {str(k): _canonical(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
     if isinstance(obj, (list, tuple)):

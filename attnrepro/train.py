@@ -23,7 +23,7 @@ from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
 from .attention import model_device
-from .core import atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
+from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
 
 # %% auto #0
 __all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
@@ -92,7 +92,10 @@ class Method:
     Hooks: `before_forward(ctx)`, `forward(ctx)` (sets `ctx.out`/`ctx.logits`),
     `backward(ctx)` (default `ctx.loss.backward()`; override for gradient surgery), `after_backward(ctx)`
     (after gradients are synchronised, before clipping), `after_step(ctx)` (after the optimiser step),
-    `on_epoch_end(ctx) -> dict | None` (floats merged into that epoch's history row)."""
+    `on_epoch_end(ctx) -> dict | None` (floats merged into that epoch's history row).
+    With gradient accumulation (`TrainConfig.accum_steps > 1`) the first four hooks and the terms run on every batch
+    (a custom `backward` sees only its own batch's gradients in `.grad`; the trainer adds the group's back), while
+    `after_backward` and `after_step` run once per optimiser step, with the group's last batch as `ctx`."""
     name = "supervised"
 
     def __init__(self, terms: Sequence[LossTerm] | None = None, name: str | None = None,
@@ -177,7 +180,9 @@ OPTIMIZERS = ("adamw", "sgd", "lars")
 class TrainConfig:
     "Everything that determines a training run besides the model, data and method (hash it with `config_hash`)."
     epochs: int = 100
-    batch_size: int = 128                 # per process
+    batch_size: int = 128                 # per process and per batch (see accum_steps)
+    # batches whose gradients are summed into one optimiser step (1: none); hash-neutral at 1
+    accum_steps: int = dataclasses.field(default=1, metadata=OMIT_AT_DEFAULT)
     lr: float = 5e-4                      # base lr, see `lr_scale_batch`
     lr_scale_batch: int | None = None     # lr_eff = lr * global_batch / lr_scale_batch (None: lr_eff = lr)
     min_lr: float = 1e-6
@@ -198,13 +203,15 @@ class TrainConfig:
     seed: int = 0
     num_workers: int = 0
     deterministic: bool = True
-    amp: bool = False
+    amp: bool = False                     # bfloat16 autocast (CUDA and CPU alike; no GradScaler, see above)
 
     def __post_init__(self):
         def bad(field, why): raise ValueError(f"TrainConfig.{field}={getattr(self, field)!r}: {why}")
         def is_int(v): return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
         for f in ("epochs", "batch_size", "eval_every"):
             if not is_int(getattr(self, f)) or getattr(self, f) < 1: bad(f, "must be an integer >= 1")
+        if not is_int(self.accum_steps) or self.accum_steps < 1:
+            bad("accum_steps", "must be an integer >= 1 (batches per optimiser step; 1 = no gradient accumulation)")
         if not is_int(self.num_workers) or self.num_workers < 0: bad("num_workers", "must be an integer >= 0")
         if not is_int(self.seed): bad("seed", "must be an integer")
         if self.optimizer not in OPTIMIZERS: bad("optimizer", f"unknown optimizer; valid: {', '.join(OPTIMIZERS)}")
@@ -230,9 +237,15 @@ class TrainConfig:
     @property
     def mixing(self) -> bool: return self.mixup > 0 or self.cutmix > 0
 
+    def global_batch(self, world_size: int = 1) -> int:
+        "Images per optimiser step: `batch_size` (per process) x `world_size` x `accum_steps`."
+        return self.batch_size * world_size * self.accum_steps
+
     def effective_lr(self, world_size: int = 1) -> float:
-        "The peak lr the optimiser uses (after batch scaling)."
-        return self.lr * self.batch_size * world_size / self.lr_scale_batch if self.lr_scale_batch else self.lr
+        "The peak lr the optimiser uses (after scaling by the global batch, accumulation included)."
+        # same product order as before accum_steps existed, so lr (and runs) stay bit-identical at accum_steps=1
+        return (self.lr * self.batch_size * world_size * self.accum_steps / self.lr_scale_batch
+                if self.lr_scale_batch else self.lr)
 
 # %% ../nbs/06_train.ipynb #59ea9583
 def cosine_lr(step: int, steps_per_epoch: int, epochs: int, warmup_epochs: float, lr: float, min_lr: float) -> float:
@@ -478,7 +491,7 @@ class RunState:
     cfg: TrainConfig
     optimizer: torch.optim.Optimizer
     device: torch.device
-    steps_per_epoch: int
+    steps_per_epoch: int              # optimiser steps: ceil(batches / accum_steps)
     lr: float                         # peak lr after batch scaling
     params: list                      # every trainable param (model + extra modules), once each
     extra_params: list                # trainable params only in extra modules (not synced by DDP)
@@ -498,6 +511,19 @@ def _make_ctx(run: RunState, epoch: int, weights: dict, **kw) -> StepContext:
                        cfg=run.cfg, device=run.device, state=run.method.state, epoch=epoch, step=run.step,
                        weights=weights, **kw)
 
+def _take_grads(params: Sequence[torch.Tensor]) -> list:
+    "The gradients accumulated so far, taken off `params` (a custom backward may overwrite `.grad`, as `assign_grads` does)."
+    grads = [p.grad for p in params]
+    for p in params: p.grad = None
+    return grads
+
+def _give_back_grads(params: Sequence[torch.Tensor], grads: list) -> None:
+    "Add what `_take_grads` took to the gradients of this batch."
+    for p, g in zip(params, grads):
+        if g is None: continue
+        if p.grad is None: p.grad = g
+        else: p.grad.add_(g)
+
 def _check_finite(values: list[float], run: RunState, epoch: int, it: int, weights: dict):
     for t, v in zip(run.method.terms, values):
         if not math.isfinite(v):
@@ -509,9 +535,15 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, st
                     sums: torch.Tensor | None = None, after_skip: Callable | None = None,
                     on_step: Callable | None = None) -> dict:
     """Train one epoch; returns epoch means (all-reduced) of each term, the weighted total, train acc1 and the last lr.
-    A mid-epoch resume passes `start_it` (batches already trained: drawn in the same order and skipped), the running
-    `sums` and `after_skip` (restores the RNG state of the checkpoint); `on_step(it, sums)` runs after every step."""
+    Batches form groups of `cfg.accum_steps` from the epoch's start, one optimiser step per group (the last may be
+    shorter). A mid-epoch resume passes `start_it` (batches already trained, a group boundary: drawn in the same
+    order and skipped), the running `sums` and `after_skip` (restores the RNG state of the checkpoint);
+    `on_step(it, sums)` runs after every optimiser step, `it` being the group's last batch."""
     cfg, method = run.cfg, run.method
+    accum, n_batches = cfg.accum_steps, len(loader)
+    if start_it % accum:
+        raise RuntimeError(f"train_one_epoch: start_it={start_it} is inside a group of accum_steps={accum} batches; "
+                           "checkpoints are written only between optimiser steps, so this one was not written by fit")
     weights = {t.name: t.weight_at(epoch) for t in method.terms}
     custom_backward = method.has_custom_backward()
     ddp = isinstance(run.train_model, nn.parallel.DistributedDataParallel)
@@ -526,6 +558,9 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, st
                leave=False, dynamic_ncols=True, disable=not progress or _rank() != 0)
     lr = None
     for it, batch in enumerate(bar, start=start_it):
+        j = it % accum                              # place in the accumulation group
+        n_group = min(accum, n_batches - (it - j))  # the epoch's last group may be shorter: stepped all the same
+        last = j == n_group - 1
         lr = cosine_lr(run.step, run.steps_per_epoch, cfg.epochs, cfg.warmup_epochs, run.lr, cfg.min_lr)
         for g in run.optimizer.param_groups: g["lr"] = lr * g.get("lr_scale", 1.0)
         x, y = to_device(batch[0], run.device), batch[1].to(run.device, non_blocking=True)
@@ -535,10 +570,12 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, st
                 raise ValueError(f"Mixup/CutMix (mixup={cfg.mixup}, cutmix={cfg.cutmix}) needs one image tensor per "
                                  f"batch, got a {type(x).__name__} of {len(x)} (multi-crop views); set mixup=cutmix=0.")
             x, target = run.mixup(x, y)
-        ctx = _make_ctx(run, epoch, weights, it=it, x=x, y=y, target=target, batch=batch, out=None, logits=None)
+        ctx = _make_ctx(run, epoch, weights, it=it, micro=j, n_micro=n_group, x=x, y=y, target=target, batch=batch,
+                        out=None, logits=None)
 
-        # DDP's gradient hooks only fit a plain backward; a custom one runs unsynced, then all grads are averaged
-        sync_ctx = run.train_model.no_sync() if ddp and custom_backward else contextlib.nullcontext()
+        # DDP's gradient hooks only fit a plain backward; a custom one runs unsynced, then all grads are averaged.
+        # With accumulation only the group's last backward syncs: DDP then all-reduces the summed gradients
+        sync_ctx = run.train_model.no_sync() if ddp and (custom_backward or not last) else contextlib.nullcontext()
         with sync_ctx:
             with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=cfg.amp):
                 method.before_forward(ctx)
@@ -554,19 +591,25 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, st
             _check_finite(values, run, epoch, it, weights)
             ctx.weighted = {k: weights[k] * v for k, v in ctx.losses.items()}
             ctx.loss = sum(ctx.weighted.values())
-            run.optimizer.zero_grad(set_to_none=True)
+            if j == 0: run.optimizer.zero_grad(set_to_none=True)
+            held = _take_grads(run.params) if j > 0 and custom_backward else None
             method.backward(ctx)
-        _average_grads(run.params if (ddp and custom_backward) else run.extra_params)
-        method.after_backward(ctx)
-        if cfg.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
-            if not torch.isfinite(norm):
-                raise NonFiniteLossError(f"Non-finite gradient norm {float(norm)} at epoch {epoch}, step {it} "
-                                         f"(global step {run.step}); the loss terms were finite: {dict(zip(weights, values))}.")
-        run.optimizer.step()
-        run.step += 1
-        if run.ema is not None: run.ema.update(run.model, step=run.step)
-        method.after_step(ctx)
+            if held is not None: _give_back_grads(run.params, held)
+        if last:
+            _average_grads(run.params if (ddp and custom_backward) else run.extra_params)
+            if n_group > 1:   # the sum of n_group batch-mean gradients -> the gradient of the mean over the group
+                for p in run.params:
+                    if p.grad is not None: p.grad.div_(n_group)
+            method.after_backward(ctx)
+            if cfg.grad_clip is not None:
+                norm = torch.nn.utils.clip_grad_norm_(run.params, cfg.grad_clip)
+                if not torch.isfinite(norm):
+                    raise NonFiniteLossError(f"Non-finite gradient norm {float(norm)} at epoch {epoch}, step {it} "
+                                             f"(global step {run.step}); the loss terms were finite: {dict(zip(weights, values))}.")
+            run.optimizer.step()
+            run.step += 1
+            if run.ema is not None: run.ema.update(run.model, step=run.step)
+            method.after_step(ctx)
 
         total = sum(weights[t.name] * v for t, v in zip(method.terms, values))
         correct = n_acc = 0
@@ -574,7 +617,7 @@ def train_one_epoch(run: RunState, loader, epoch: int, progress: bool = True, st
             correct, n_acc = topk_correct(ctx.logits.detach().float(), y, (1,))[0], len(y)
         sums += torch.tensor([*values, total, correct, n_acc, 1], dtype=torch.float64)
         bar.set_postfix(loss=f"{total:.4f}", acc=f"{100 * correct / max(n_acc, 1):.1f}", lr=f"{lr:.2e}")
-        if on_step is not None: on_step(it, sums)
+        if last and on_step is not None: on_step(it, sums)
     bar.close()
     sums = _all_reduce_sum(sums.to(run.device)).cpu().tolist()
     steps = sums[-1]
@@ -637,6 +680,8 @@ def _result(run: RunState, history, best, wall, resumed_from, n_params) -> dict:
     return dict(method=run.method.name, terms=[t.name for t in run.method.terms], cfg_hash=config_hash(cfg),
                 cfg=json.loads(canonical_json(cfg)), epochs=len(history), steps=run.step, final=final, best=best,
                 history=history, wall_time_s=wall, lr_effective=run.lr, world_size=_world(),
+                global_batch=cfg.global_batch(_world()), accum_steps=cfg.accum_steps,
+                amp_dtype="bfloat16" if cfg.amp else None,   # the autocast dtype of train_one_epoch and evaluate
                 device=str(run.device), resumed_from_epoch=resumed_from, **n_params)
 
 def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method | None = None,
@@ -645,11 +690,14 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
         device: torch.device | str | None = None, ckpt_interval_s: float | None = None,
         record_correct: bool = False) -> dict:
     """Train `model` (in place) with `method` (default: supervised CE) and return a JSON-serialisable result:
-    `final`/`best` val metrics, per-epoch `history`, `steps`, `wall_time_s`, param counts and `cfg_hash`.
+    `final`/`best` val metrics, per-epoch `history`, `steps` (optimiser steps), `wall_time_s`, param counts, `cfg_hash`,
+    and how the batch was made: `world_size`, `accum_steps`, `global_batch` (per-process batch x world x accum_steps),
+    `lr_effective` (the peak lr after scaling by `global_batch`) and `amp_dtype` ('bfloat16' with `cfg.amp`, else None).
     Resumes from `<ckpt_dir>/checkpoint.pth` when present. `evaluate_fn(model, val_loader, device) -> dict`
     replaces top-1/top-5 evaluation (the best epoch is tracked on its `acc1` when present). Besides every epoch's end,
     a single process also checkpoints inside an epoch every `ckpt_interval_s` seconds (default
-    `$ATTNREPRO_CKPT_INTERVAL_S` or 600), so that a kill loses minutes, not an epoch; the resume is exact.
+    `$ATTNREPRO_CKPT_INTERVAL_S` or 600), between optimiser steps, so that a kill loses minutes, not an epoch; the
+    resume is exact.
     `record_correct`: the final evaluation's per-image top-1 hits, in the validation set's order, go to
     `result["final"]["correct"]` (an `attnrepro.verdicts.pack_correct` string) for paired comparisons of models scored
     on the same images; a run read back from a finished checkpoint is scored again. Not part of `cfg`, so run configs
@@ -691,7 +739,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                         n_params_trainable=sum(p.numel() for p in params),
                         n_params_extra=sum(p.numel() for p in extra_params))
         run = RunState(model=model, train_model=model, method=method, cfg=cfg, optimizer=optimizer, device=device,
-                       steps_per_epoch=len(train_loader), lr=cfg.effective_lr(world), params=params,
+                       steps_per_epoch=-(-len(train_loader) // cfg.accum_steps), lr=cfg.effective_lr(world), params=params,
                        extra_params=extra_params, mixup=mixup, ema=ema)
 
         # resume
@@ -742,7 +790,8 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             t0 = time.time()
             if hasattr(train_loader.sampler, "set_epoch"): train_loader.sampler.set_epoch(epoch)
             epoch_start, last_save = gen.get_state(), [time.time()]
-            def on_step(it, sums):   # a checkpoint inside the epoch (one process only: ranks would disagree on time)
+            def on_step(it, sums):   # a checkpoint inside the epoch, after an optimiser step (one process only: ranks
+                                     # would disagree on time)
                 if ckpt is None or world > 1 or it + 1 >= len(train_loader) or time.time() - last_save[0] < interval:
                     return
                 save(epoch, it + 1, sums.tolist(), epoch_start, wall + time.time() - t0)

@@ -143,6 +143,9 @@ def test_evaluate_sends_batches_to_the_models_device(monkeypatch):
     (dict(grad_clip=0), "grad_clip"),
     (dict(betas=(0.9, 1.0)), "betas"),
     (dict(mixup=0.8, batch_size=15), "even"),
+    (dict(accum_steps=0), r"TrainConfig\.accum_steps=0: must be an integer >= 1"),
+    (dict(accum_steps=2.0), r"accum_steps=2\.0"),
+    (dict(accum_steps=True), r"accum_steps=True"),
 ])
 def test_bad_config(kw, match):
     with pytest.raises(ValueError, match=match): TrainConfig(**kw)
@@ -414,6 +417,93 @@ def test_completed_run_reloads_and_other_config_refused(tmp_path):
         fit(tiny_vit(), toy_data(32), None, TrainConfig(**{**FAST, "lr": 2e-3}), ckpt_dir=tmp_path, progress=False)
 
 
+# --------------------------------------------------------------------------- gradient accumulation, amp, hashes
+
+def _sgd_fit(model, train, batch_size, accum_steps, ckpt_dir=None, method=None, **kw):
+    "One epoch of plain SGD (the update is lr x gradient, so a wrongly scaled gradient shows in the weights)."
+    cfg = TrainConfig(epochs=1, batch_size=batch_size, accum_steps=accum_steps, lr=0.1, warmup_epochs=0,
+                      optimizer="sgd", momentum=0.9, weight_decay=0.05, **kw)
+    return fit(model, train, None, cfg, method=method, ckpt_dir=ckpt_dir, progress=False)
+
+
+def _identity_surgery(ctx):
+    "A custom backward that overwrites the blocks' grads (as gradient surgery does) with their own CE gradient."
+    shared = list(ctx.model.blocks.parameters())
+    g = term_grads(ctx, ["ce"], shared)
+    ctx.loss.backward()
+    assign_grads(shared, g)
+
+
+@pytest.mark.parametrize("backward", [None, _identity_surgery], ids=["plain", "custom_backward"])
+def test_accumulation_equals_one_big_batch(tmp_path, backward):
+    """4 accumulated batches of 8 give the optimiser steps (and the EMA) of batches of 32 on the same images, for a
+    model without batch-dependent layers; a custom backward that overwrites `.grad` still accumulates."""
+    hooks = {} if backward is None else {"backward": backward}
+    # the same 96 images in the same (seeded) order either way; 3 steps, as timm's EMA copies the model at step 1
+    data = toy_data(96)
+    init = _state(tiny_vit())
+    big, acc = tiny_vit(), tiny_vit()
+    r_big = _sgd_fit(big, data, 32, 1, tmp_path / "big", Method(**hooks), ema_decay=0.5)
+    r_acc = _sgd_fit(acc, data, 8, 4, tmp_path / "acc", Method(**hooks), ema_decay=0.5)
+    assert r_big["steps"] == r_acc["steps"] == 3 and r_big["history"][0]["lr"] == r_acc["history"][0]["lr"]
+    moved = max((big.state_dict()[k] - init[k]).abs().max().item() for k in init)
+    assert moved > 1e-3   # the step is large against the tolerance below (a 4x gradient would not pass)
+    for k, v in big.state_dict().items(): assert torch.allclose(acc.state_dict()[k], v, rtol=1e-5, atol=1e-6), k
+    e_big, e_acc = (load_checkpoint(tmp_path / d / CKPT_NAME)["ema"] for d in ("big", "acc"))
+    for k, v in e_big.items(): assert torch.allclose(e_acc[k], v, rtol=1e-5, atol=1e-6), k   # an update per step
+
+
+def test_accumulation_short_last_group_and_schedule():
+    """6 batches with accum_steps=4: groups of 4 and 2, each stepped as the mean over its own images (= batches of 32
+    and 16), two optimiser steps per epoch for the lr schedule; hooks see the group position, after_step runs per step."""
+    data = toy_data(48)
+    seen, stepped = [], []
+    m = Method(before_forward=lambda ctx: seen.append((ctx.micro, ctx.n_micro, ctx.step)),
+               after_step=lambda ctx: stepped.append(ctx.step))
+    acc, ref = tiny_vit(), tiny_vit()
+    r_acc = _sgd_fit(acc, DataLoader(data, batch_size=8), 8, 4, method=m)
+    r_ref = _sgd_fit(ref, DataLoader(data, batch_sampler=[list(range(32)), list(range(32, 48))]), 32, 1)
+    assert seen == [(0, 4, 0), (1, 4, 0), (2, 4, 0), (3, 4, 0), (0, 2, 1), (1, 2, 1)] and stepped == [0, 1]
+    assert r_acc["steps"] == r_ref["steps"] == 2
+    # the lr of the last step: the schedule counts 2 optimiser steps per epoch, not 6 batches
+    assert r_acc["history"][0]["lr"] == r_ref["history"][0]["lr"] == cosine_lr(1, 2, 1, 0.0, 0.1, 1e-6)
+    for k, v in ref.state_dict().items(): assert torch.allclose(acc.state_dict()[k], v, rtol=1e-5, atol=1e-6), k
+
+
+def test_accumulation_result_fields_and_lr_scaling():
+    "The run records how its batch was made; lr_scale_batch scales by the global batch, accumulation included."
+    cfg = TrainConfig(epochs=1, batch_size=8, accum_steps=3, lr=1e-3, lr_scale_batch=64, warmup_epochs=0, amp=True)
+    res = fit(tiny_vit(), toy_data(48), toy_data(16, seed=1), cfg, progress=False)   # amp on the CPU: bf16 autocast
+    assert (res["global_batch"], res["accum_steps"], res["world_size"]) == (24, 3, 1)
+    assert res["lr_effective"] == cfg.effective_lr() == 1e-3 * 24 / 64 and res["amp_dtype"] == "bfloat16"
+    assert res["steps"] == 2 and res["cfg"]["accum_steps"] == 3 and math.isfinite(res["final"]["acc1"])
+    json.dumps(res, allow_nan=False)
+    plain = fit(tiny_vit(), toy_data(32), None, TrainConfig(**FAST), progress=False)
+    assert (plain["global_batch"], plain["accum_steps"], plain["amp_dtype"]) == (16, 1, None)
+    assert plain["lr_effective"] == FAST["lr"] and "accum_steps" not in plain["cfg"]   # default: not in the hashed cfg
+    assert TrainConfig(batch_size=8, accum_steps=3, lr=1e-3, lr_scale_batch=64).effective_lr(world_size=2) == \
+        1e-3 * 8 * 2 * 3 / 64
+
+
+# the `train` dict of a committed run (outputs/aal/runs/010adbc0a9f507e0.json) and the hash its TrainConfig had
+# before accum_steps existed (commit 6bb20ac): what fit stored in checkpoints and results as cfg_hash
+GOLDEN_TRAIN = {"batch_size": 64, "epochs": 10, "eval_every": 10, "lr": 0.001, "min_lr": 1e-05, "seed": 3,
+                "warmup_epochs": 1.0, "weight_decay": 0.05}
+GOLDEN_TRAIN_HASH = "199d66ab7255f6c3"
+
+
+def test_accum_steps_at_default_leaves_hashes_alone():
+    import dataclasses
+    cfg = TrainConfig(**GOLDEN_TRAIN)
+    assert config_hash(cfg) == GOLDEN_TRAIN_HASH
+    assert config_hash(cfg) == config_hash({k: v for k, v in dataclasses.asdict(cfg).items() if k != "accum_steps"})
+    assert config_hash(dataclasses.replace(cfg, accum_steps=2)) != GOLDEN_TRAIN_HASH   # a real change still counts
+    run = ROOT / "outputs" / "aal" / "runs" / "010adbc0a9f507e0.json"
+    if run.exists():   # the committed record itself: its config still hashes to its name
+        rec = json.loads(run.read_text())
+        assert rec["config"]["train"] == GOLDEN_TRAIN and config_hash(rec["config"]) == rec["hash"] == run.stem
+
+
 # --------------------------------------------------------------------------- subprocesses
 
 RESUME_SCRIPT = TOY + '''
@@ -487,15 +577,17 @@ torch.set_num_threads(1)
 from attnrepro.train import fit, TrainConfig, Method, ce_term
 
 ckpt_dir, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+accum, n = (int(a) for a in sys.argv[4:6]) if len(sys.argv) > 4 else (1, 64)
 model = tiny_vit(drop_path_rate=0.1)
-steps = [0]
-def after_step(ctx):
-    steps[0] += 1
-    if steps[0] == kill_at: os._exit(3)   # a hard kill inside an epoch, after the optimiser step
-method = Method([ce_term()], name="mid_epoch", after_step=after_step)
-cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-3, warmup_epochs=1, mixup=0.8, cutmix=1.0, label_smoothing=0.1, seed=3)
-res = fit(model, toy_data(64), toy_data(32, seed=1), cfg, method=method, ckpt_dir=ckpt_dir, progress=False,
-          ckpt_interval_s=0)   # checkpoint after every step
+batches = [0]
+def before_forward(ctx):
+    batches[0] += 1
+    if batches[0] == kill_at: os._exit(3)   # a hard kill inside an epoch, before this batch's forward
+method = Method([ce_term()], name="mid_epoch", before_forward=before_forward)
+cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-3, warmup_epochs=1, mixup=0.8, cutmix=1.0, label_smoothing=0.1, seed=3,
+                  accum_steps=accum)
+res = fit(model, toy_data(n), toy_data(32, seed=1), cfg, method=method, ckpt_dir=ckpt_dir, progress=False,
+          ckpt_interval_s=0)   # checkpoint after every optimiser step
 torch.save(model.state_dict(), out + ".pt")
 json.dump(res, open(out + ".json", "w"))
 '''
@@ -510,7 +602,7 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path):
     py = sys.executable
     a = _run([py, str(script), str(tmp_path / "a"), str(tmp_path / "a_out"), "-1"])
     assert a.returncode == 0, a.stderr
-    k = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "7"])   # step 7 = epoch 1, batch 3 of 4
+    k = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "7"])   # batch 7 = epoch 1, batch 3 of 4
     assert k.returncode == 3, k.stderr
     ck = load_checkpoint(tmp_path / "b" / CKPT_NAME)
     assert (ck["epoch"], ck["it"], ck["step"]) == (1, 2, 6)   # written inside epoch 1, after its second batch
@@ -520,6 +612,30 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path):
     ra, rb = json.loads((tmp_path / "a_out.json").read_text()), json.loads((tmp_path / "b_out.json").read_text())
     strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
     assert strip(ra["history"]) == strip(rb["history"]) and ra["final"] == rb["final"] and rb["steps"] == 12
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_with_accumulation_is_exact(tmp_path):
+    """accum_steps=3 over 5 batches per epoch (groups of 3 and 2): killed in the middle of a group, the run resumes
+    from the checkpoint of the last optimiser step, trains the lost group again and ends bit for bit as an
+    uninterrupted run."""
+    script = tmp_path / "run.py"
+    script.write_text(MID_EPOCH_SCRIPT)
+    py, args = sys.executable, ["3", "80"]
+    a = _run([py, str(script), str(tmp_path / "a"), str(tmp_path / "a_out"), "-1", *args])
+    assert a.returncode == 0, a.stderr
+    # batch 10 = epoch 1, batch 5 of 5: the second of its short group, whose first batch's gradient is lost
+    k = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "10", *args])
+    assert k.returncode == 3, k.stderr
+    ck = load_checkpoint(tmp_path / "b" / CKPT_NAME)
+    assert (ck["epoch"], ck["it"], ck["step"]) == (1, 3, 3)   # after epoch 1's first group of 3 (global step 3)
+    r = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "-1", *args])
+    assert r.returncode == 0, r.stderr
+    _assert_same(torch.load(tmp_path / "a_out.pt"), torch.load(tmp_path / "b_out.pt"))
+    ra, rb = json.loads((tmp_path / "a_out.json").read_text()), json.loads((tmp_path / "b_out.json").read_text())
+    strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
+    assert strip(ra["history"]) == strip(rb["history"]) and ra["final"] == rb["final"]
+    assert rb["steps"] == 3 * 2 and rb["accum_steps"] == 3 and rb["global_batch"] == 48
 
 
 DDP_SCRIPT = TOY + '''
@@ -568,6 +684,13 @@ m2 = Method([ce_term(), LossTerm("aux", lambda c: -0.3 * F.cross_entropy(c.logit
             backward=backward)
 r2 = fit(model2, toy_data(64), toy_data(30, seed=1), cfg, method=m2, progress=False)
 res["surgery"] = dict(result=r2, digest=digest(model2))
+# 3) accumulation: 2 ranks x 2 accumulated batches of 8 (no_sync on the first) = 2 ranks x 1 batch of 16, same shards
+sgd = dict(epochs=1, lr=0.1, warmup_epochs=0, seed=1, optimizer="sgd", weight_decay=0.0)
+model3, model4 = tiny_vit(seed=0), tiny_vit(seed=0)
+r3 = fit(model3, toy_data(64), None, TrainConfig(batch_size=8, accum_steps=2, **sgd), progress=False)
+r4 = fit(model4, toy_data(64), None, TrainConfig(batch_size=16, **sgd), progress=False)
+diff = max((a - b).abs().max().item() for a, b in zip(model3.state_dict().values(), model4.state_dict().values()))
+res["accum"] = dict(result=r3, digest=digest(model3), max_diff=diff, steps_big=r4["steps"])
 json.dump(res, open(f"{out}.rank{rank}.json", "w"))
 '''
 
@@ -592,6 +715,9 @@ def test_torchrun_two_processes(tmp_path):
         assert res["final"]["n"] == 30                              # exact val count (no sampler padding)
         assert all(math.isfinite(v) for row in res["history"] for v in row.values() if isinstance(v, float))
         assert 0 <= res["final"]["acc1"] <= 100
+    a, b = r0["accum"], r1["accum"]
+    assert a["digest"] == b["digest"] and a["max_diff"] < 1e-6 and a["steps_big"] == a["result"]["steps"] == 2
+    assert (a["result"]["world_size"], a["result"]["accum_steps"], a["result"]["global_batch"]) == (2, 2, 32)
     assert (tmp_path / "ckpt" / CKPT_NAME).exists()
     assert not [f for f in (tmp_path / "ckpt").iterdir() if f.name != CKPT_NAME]
     # per-image hits under DDP: each rank scored every other image; gathered back, they are the dataset's order
