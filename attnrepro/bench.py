@@ -4,11 +4,12 @@
 
 # %% ../nbs/10_bench.ipynb #d94f5c9d
 from __future__ import annotations
-import dataclasses, datetime, gc, json, os, platform, statistics, subprocess, sys, time
+import dataclasses, datetime, gc, io, json, os, platform, statistics, subprocess, sys, time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -16,14 +17,15 @@ from torch import nn
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, AttentionOverride, attention_blocks
-from .core import PACKAGE_DIR, canonical_json, seed_everything
+from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, seed_everything
 from .losses import attention_distillation_loss, gta_loss
 from .models import create_student
 
 # %% auto #0
-__all__ = ['BENCH_VARIANTS', 'TEACHER_VARIANTS', 'PAPER_REFERENCE', 'PAPER_REFERENCE_NOTE', 'MEMORY_DEFINITIONS', 'forward_until',
-           'teacher_attention_logits', 'BenchConfig', 'build_bench', 'make_step', 'time_steps', 'measure_memory',
-           'run_bench', 'format_bench', 'ThroughputConfig', 'run_throughput']
+__all__ = ['BENCH_VARIANTS', 'TEACHER_VARIANTS', 'FLOOR_TOLERANCE', 'MEMORY_GOALS', 'PAPER_REFERENCE', 'PAPER_REFERENCE_NOTE',
+           'MEMORY_DEFINITIONS', 'BENCH_COLUMNS', 'forward_until', 'teacher_attention_logits', 'teacher_blocks',
+           'BenchConfig', 'build_bench', 'make_step', 'teacher_forward_step', 'time_steps', 'measure_memory',
+           'teacher_forward_name', 'run_bench', 'format_bench', 'plot_bench', 'ThroughputConfig', 'run_throughput']
 
 # %% ../nbs/10_bench.ipynb #91b89c3e
 def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.Tensor:
@@ -54,6 +56,18 @@ def teacher_attention_logits(teacher: nn.Module, x: torch.Tensor, layers: Sequen
 # %% ../nbs/10_bench.ipynb #086be703
 BENCH_VARIANTS = ("plain", "capture", "gta", "distill", "copy")
 TEACHER_VARIANTS = ("gta", "distill", "copy")
+# issue #19's goals: each teacher variant within 5 % of its floor (plain step + teacher forward to its last
+# needed block, timed in the same run); attention distillation's peak memory at most 1.15x a plain step
+FLOOR_TOLERANCE = 0.05
+MEMORY_GOALS = {"distill": 1.15}
+
+def teacher_blocks(variant: str, depth: int, distill_layers: int | None = None) -> int:
+    "Teacher blocks 0..k-1 that `variant` needs, as k: all for gta and copy, the distilled ones for distill, 0 without a teacher."
+    if variant not in BENCH_VARIANTS:
+        raise ValueError(f"Unknown bench variant {variant!r}; valid: {BENCH_VARIANTS}")
+    if variant not in TEACHER_VARIANTS:
+        return 0
+    return distill_layers if variant == "distill" and distill_layers is not None else depth
 # Li et al. 2024 (Attention Transfer, NeurIPS), attention distillation vs fine-tuning, ViT-L, GPU
 PAPER_REFERENCE = {"plain": dict(time_ratio=1.0, memory_ratio=1.0),
                    "distill": dict(time_ratio=1.32, memory_ratio=1.18)}
@@ -156,6 +170,16 @@ def make_step(variant: str, student: nn.Module, teacher: nn.Module | None, opt: 
         return loss.detach()
     return step
 
+def teacher_forward_step(teacher: nn.Module, blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    "`step(x)`: the frozen `teacher` on `x` through its first `blocks` blocks under `inference_mode` (no capture, no loss): the floor's extra cost."
+    depth = len(attention_blocks(teacher))
+    if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= depth:
+        raise ValueError(f"teacher_forward_step: blocks={blocks!r} must be an int in 1..{depth} (the teacher's depth)")
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return forward_until(teacher, x, blocks - 1)
+    return step
+
 # %% ../nbs/10_bench.ipynb #02f7350f
 def _sync(device: str) -> None:
     if torch.device(device).type == "cuda":
@@ -239,9 +263,13 @@ def _machine(device: str) -> str:
         return f"{torch.cuda.get_device_name(device)} GPU, {cpu}"
     return cpu
 
+def teacher_forward_name(blocks: int) -> str:
+    "The `time_steps` entry (and `df.attrs['times']` key) of the teacher-only forward through `blocks` blocks."
+    return f"teacher_fwd_{blocks}"
+
 def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH_VARIANTS, memory: bool = True,
               **overrides) -> pd.DataFrame:
-    "Median step time and peak memory of each variant, as ratios to `plain` (fields of `BenchConfig` as keywords)."
+    "Median step time and peak memory of each variant, as ratios to `plain` and to its floor (fields of `BenchConfig` as keywords)."
     cfg = dataclasses.replace(cfg or BenchConfig(), **overrides)
     variants = list(variants)
     bad = [v for v in variants if v not in BENCH_VARIANTS]
@@ -250,20 +278,35 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
                          "(ratios are to plain)")
     student, teacher, opt, x, y = build_bench(cfg, with_teacher=any(v in TEACHER_VARIANTS for v in variants))
     steps = {v: make_step(v, student, teacher, opt, cfg.distill_layers) for v in variants}
+    # the floor of a teacher variant: a plain step + the teacher alone up to its last needed block, timed as its
+    # own entry (one per distinct depth) in the same interleaved rounds
+    need = {v: teacher_blocks(v, cfg.depth, cfg.distill_layers) for v in variants if v in TEACHER_VARIANTS}
+    fwd_of = {v: teacher_forward_name(k) for v, k in need.items()}
+    fwd = {teacher_forward_name(k): partial(teacher_forward_step(teacher, k), x) for k in sorted(set(need.values()))}
     last = {}
     def run(v):
         last[v] = steps[v](x, y)
     load_before = _load1()
-    times = time_steps({v: partial(run, v) for v in variants}, cfg.warmup, cfg.steps, cfg.device)
+    times = time_steps({v: partial(run, v) for v in variants} | fwd, cfg.warmup, cfg.steps, cfg.device)
     load = (load_before, _load1())
     bad = {v: l.item() for v, l in last.items() if not l.isfinite()}
     if bad:
         raise FloatingPointError(f"run_bench: non-finite losses {bad}; lower lr={cfg.lr}")
     med = {v: statistics.median(t) for v, t in times.items()}
+    nan = float("nan")
     df = pd.DataFrame({"variant": variants, "median_step_s": [med[v] for v in variants]})
     df["time_ratio"] = df.median_step_s / med["plain"]
     df["fastest_step_s"] = [min(times[v]) for v in variants]
     df["fastest_ratio"] = df.fastest_step_s / min(times["plain"])
+    df["teacher_blocks"] = pd.array([need.get(v) for v in variants], dtype="Int64")
+    df["teacher_fwd_s"] = [med[fwd_of[v]] if v in need else nan for v in variants]
+    df["floor_s"] = med["plain"] + df.teacher_fwd_s
+    df["floor_ratio"] = df.floor_s / med["plain"]
+    df["vs_floor"] = df.median_step_s / df.floor_s
+    df["fastest_vs_floor"] = [min(times[v]) / (min(times["plain"]) + min(times[fwd_of[v]])) if v in need else nan
+                              for v in variants]
+    df["floor_goal_met"] = pd.array([bool(r <= 1 + FLOOR_TOLERANCE) if v in need else None
+                                     for v, r in zip(variants, df.vs_floor)], dtype="boolean")
     if memory:
         # one process per variant; on CPU they may run side by side (each one's peak is its own)
         jobs = 1 if torch.device(cfg.device).type == "cuda" else min(len(variants), os.cpu_count() or 1)
@@ -272,28 +315,54 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
         df["peak_mb"] = [mem[v]["peak_mb"] for v in variants]
         df["memory_ratio"] = df.peak_mb / mem["plain"]["peak_mb"]
         df["rss_peak_mb"] = [mem[v]["rss_peak_mb"] for v in variants]
+        df["memory_goal"] = [MEMORY_GOALS.get(v, nan) for v in variants]
+        df["memory_goal_met"] = pd.array([bool(r <= MEMORY_GOALS[v]) if v in MEMORY_GOALS else None
+                                          for v, r in zip(variants, df.memory_ratio)], dtype="boolean")
     for col in ("time_ratio", "memory_ratio"):
         if memory or col == "time_ratio":
-            df[f"paper_{col}"] = [PAPER_REFERENCE.get(v, {}).get(col, float("nan")) for v in variants]
+            df[f"paper_{col}"] = [PAPER_REFERENCE.get(v, {}).get(col, nan) for v in variants]
     depth_k = cfg.depth if cfg.distill_layers is None else cfg.distill_layers
-    df.attrs.update(config=dataclasses.asdict(cfg), times={v: times[v] for v in variants},
+    df.attrs.update(config=dataclasses.asdict(cfg), times=dict(times), teacher_forward_entries=fwd_of,
                     distilled_blocks=f"{depth_k} of {cfg.depth}",
                     memory_definition=MEMORY_DEFINITIONS[torch.device(cfg.device).type] if memory else None,
                     date=datetime.date.today().isoformat(), machine=_machine(cfg.device),
                     torch=torch.__version__, load_average=load)
     return df
 
+BENCH_COLUMNS = {  # column -> (header in format_bench, its definition in the caption)
+    "variant": ("variant", None),
+    "median_step_s": ("median step (s)", None),
+    "time_ratio": ("time x plain", "median step / plain's median step"),
+    "fastest_step_s": ("fastest step (s)", None),
+    "fastest_ratio": ("fastest x plain", "fastest step / plain's fastest step"),
+    "teacher_blocks": ("teacher blocks", "k: the variant's teacher runs blocks 1..k (gta and copy: all; distill: the "
+                       "distilled ones), then stops"),
+    "teacher_fwd_s": ("teacher fwd (s)", "median of a teacher-only step timed in the same interleaved rounds: the "
+                      "frozen teacher through its first k blocks under inference_mode, no capture, no loss"),
+    "floor_s": ("floor (s)", "plain's median step + teacher fwd: what a variant costs at best"),
+    "floor_ratio": ("floor x plain", "floor / plain's median step"),
+    "vs_floor": ("x floor", "median step / floor"),
+    "fastest_vs_floor": ("fastest x floor", "fastest step / (plain's fastest step + the teacher fwd's fastest)"),
+    "floor_goal_met": ("within 5 % of floor", "x floor <= 1.05, the goal of issue #19"),
+    "peak_mb": ("peak MB", None),
+    "memory_ratio": ("memory x plain", "peak MB / plain's peak MB"),
+    "rss_peak_mb": ("process peak RSS MB", None),
+    "memory_goal": ("memory goal x", "the most peak memory x plain allowed (issue #19: distillation at most 1.15x)"),
+    "memory_goal_met": ("memory within goal", "memory x plain <= memory goal x"),
+    "paper_time_ratio": ("paper time x", None),
+    "paper_memory_ratio": ("paper memory x", None),
+}
+
 def format_bench(df: pd.DataFrame) -> str:
     "The bench table (markdown) with its config, machine and the definitions of its columns."
-    names = {"variant": "variant", "median_step_s": "median step (s)", "time_ratio": "time x plain",
-             "fastest_step_s": "fastest step (s)", "fastest_ratio": "fastest x plain",
-             "peak_mb": "peak MB", "memory_ratio": "memory x plain", "rss_peak_mb": "process peak RSS MB",
-             "paper_time_ratio": "paper time x", "paper_memory_ratio": "paper memory x"}
-    fmt = {"median_step_s": "{:.4f}", "fastest_step_s": "{:.4f}", "peak_mb": "{:.1f}", "rss_peak_mb": "{:.0f}"}
+    fmt = {"median_step_s": "{:.4f}", "fastest_step_s": "{:.4f}", "teacher_fwd_s": "{:.4f}", "floor_s": "{:.4f}",
+           "peak_mb": "{:.1f}", "rss_peak_mb": "{:.0f}", "teacher_blocks": "{:d}"}
     def cell(c, v):
         if c == "variant": return v
-        return "" if pd.isna(v) else fmt.get(c, "{:.2f}").format(v)  # NaN only in paper columns: no reference
-    shown = pd.DataFrame({names[c]: [cell(c, v) for v in df[c]] for c in df.columns})
+        if pd.isna(v): return ""  # no teacher (floor and goal columns) or no paper reference
+        if isinstance(v, (bool, np.bool_)): return "yes" if v else "no"
+        return fmt.get(c, "{:.2f}").format(v)
+    shown = pd.DataFrame({BENCH_COLUMNS[c][0]: [cell(c, v) for v in df[c]] for c in df.columns})
     cfg = df.attrs.get("config", {})
     lines = [shown.to_markdown(index=False, disable_numparse=True,
                                 colalign=["left"] + ["right"] * (shown.shape[1] - 1)), ""]
@@ -301,14 +370,69 @@ def format_bench(df: pd.DataFrame) -> str:
         lines.append(f"config: {', '.join(f'{k}={v}' for k, v in cfg.items())}; distilled blocks: "
                      f"{df.attrs['distilled_blocks']}; random weights (timing does not depend on them)")
         lines.append(f"timing: median (and fastest) of {cfg['steps']} steps after {cfg['warmup']} warm-up rounds, "
-                     "variants interleaved on one student; 1-min load average before/after: "
-                     + " / ".join("unavailable" if l is None else f"{l:.2f}" for l in df.attrs["load_average"]))
+                     "variants and teacher-only forwards interleaved on one student and teacher; 1-min load average "
+                     "before/after: " + " / ".join("unavailable" if l is None else f"{l:.2f}"
+                                                   for l in df.attrs["load_average"]))
+    defs = [f"{BENCH_COLUMNS[c][0]} = {BENCH_COLUMNS[c][1]}" for c in df.columns if BENCH_COLUMNS[c][1]]
+    lines.append("columns: " + "; ".join(defs) + "; empty = not applicable (no teacher, no goal, no paper number)")
     if df.attrs.get("memory_definition"):
         lines.append(f"memory: {df.attrs['memory_definition']}")
     lines.append(PAPER_REFERENCE_NOTE)
     if "date" in df.attrs:
         lines.append(f"measured {df.attrs['date']} on {df.attrs['machine']}, torch {df.attrs['torch']}")
     return "\n".join(lines)
+
+# %% ../nbs/10_bench.ipynb #eb44b999
+def plot_bench(df: pd.DataFrame, path: str | os.PathLike | None = None, dpi: int = 100):
+    "Bar chart of each variant's step time over plain's (median and fastest), the floor of each teacher variant and its 5 % goal marked; written to `path` (png) when given."
+    from matplotlib.figure import Figure   # no pyplot: no GUI backend, nothing global touched
+    from matplotlib.lines import Line2D
+    plain = df.set_index("variant").loc["plain"]
+    i = np.arange(len(df))
+    w = 0.38
+    fig = Figure(figsize=(7.5, 4.2), dpi=dpi)
+    ax = fig.subplots()
+    ax.bar(i - w / 2, df.time_ratio, w, color="#4c72b0", label="median step / plain's")
+    ax.bar(i + w / 2, df.fastest_ratio, w, color="#a1c0e8", label="fastest step / plain's")
+    tops = [df.time_ratio.to_numpy(), df.fastest_ratio.to_numpy()]
+    if "floor_s" in df:
+        # floor in each bar's own terms: medians for the median bar, fastest steps for the fastest bar
+        fastest_floor = df.fastest_step_s / df.fastest_vs_floor / plain.fastest_step_s
+        tops += [(df.floor_ratio * (1 + FLOOR_TOLERANCE)).to_numpy(), (fastest_floor * (1 + FLOOR_TOLERANCE)).to_numpy()]
+        for j, (f_med, f_fast, vs) in enumerate(zip(df.floor_ratio, fastest_floor, df.vs_floor)):
+            if pd.isna(f_med):
+                continue
+            for x0, f in ((j - w, f_med), (j, f_fast)):
+                ax.hlines(f, x0, x0 + w, colors="black", linewidth=2)
+                ax.hlines(f * (1 + FLOOR_TOLERANCE), x0, x0 + w, colors="black", linewidth=1, linestyles=":")
+            ax.annotate(f"{vs:.2f}x floor", (j - w / 2, max(df.time_ratio.iloc[j], f_med * (1 + FLOOR_TOLERANCE))),
+                        xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+    if "paper_time_ratio" in df:
+        paper = df.paper_time_ratio.where(df.variant != "plain")
+        ok = paper.notna().to_numpy()
+        ax.scatter(i[ok] - w / 2, paper[ok], marker="*", s=90, color="#dd8452", zorder=3)
+        tops.append(paper.to_numpy(dtype=float))
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xticks(i, df.variant)
+    ax.set_ylabel("step time / plain step")
+    ax.set_ylim(0, 1.15 * np.nanmax(np.concatenate(tops)))   # room above the tallest bar or goal mark for the labels
+    cfg = df.attrs.get("config", {})
+    if cfg:
+        ax.set_title(f"ViT {cfg['embed_dim']}/{cfg['depth']}/{cfg['num_heads']}, patch {cfg['patch_size']} at "
+                     f"{cfg['img_size']} px, batch {cfg['batch_size']}, {cfg['device']}; distilled blocks "
+                     f"{df.attrs['distilled_blocks']}", fontsize=9)
+    handles, _ = ax.get_legend_handles_labels()
+    handles += [Line2D([], [], color="black", linewidth=2, label="floor: plain + teacher forward to its last block"),
+                Line2D([], [], color="black", linewidth=1, linestyle=":", label=f"floor + {FLOOR_TOLERANCE:.0%} (goal)")]
+    if "paper_time_ratio" in df:
+        handles.append(Line2D([], [], marker="*", color="#dd8452", linestyle="", markersize=10,
+                              label="paper (ViT-L, GPU)"))
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    if path is not None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        atomic_write_bytes(path, buf.getvalue())
+    return fig
 
 # %% ../nbs/10_bench.ipynb #804073fd
 @dataclasses.dataclass

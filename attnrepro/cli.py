@@ -62,7 +62,8 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--variants", default=BENCH_VARIANT_NAMES,
                    help=f"comma-separated subset of {BENCH_VARIANT_NAMES} (plain is required)")
     b.add_argument("--no-memory", action="store_true", help="skip the per-variant peak-memory subprocesses")
-    b.add_argument("--out", metavar="CSV", help="also write the table to this CSV file")
+    b.add_argument("--out", metavar="CSV", help="also write the table to this .csv file, with the captioned table (.md) "
+                   "and a bar chart of time x plain with each variant's floor (.png) beside it")
     b.add_argument("--throughput", action="store_true",
                    help="instead: images/s of a plain PyTorch loop vs attnrepro's fit on tensors and on the CIFAR-10 "
                         "pipeline (attnrepro.bench.ThroughputConfig; --out defaults to outputs/bench/throughput.csv)")
@@ -128,12 +129,20 @@ def _bench(args) -> int:
     keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "distill_layers", "warmup",
             "steps", "device"]
     cfg = BenchConfig(**{k: getattr(args, k) for k in keys if getattr(args, k) is not None})
+    if args.out and not args.out.endswith(".csv"):   # .md and .png are written beside it: a clash would overwrite
+        raise ValueError(f"bench --out {args.out!r}: give a path ending in .csv (the .md table and .png chart go beside it)")
     df = run_bench(cfg, variants=[v.strip() for v in args.variants.split(",") if v.strip()],
                    memory=not args.no_memory)
-    print(format_bench(df))
+    text = format_bench(df)
+    print(text)
     if args.out:
-        atomic_write_text(args.out, df.to_csv(index=False))
-        print(f"wrote {args.out}")
+        from pathlib import Path
+        from attnrepro.bench import plot_bench
+        out = Path(args.out)
+        atomic_write_text(out, df.to_csv(index=False))
+        atomic_write_text(out.with_suffix(".md"), text + "\n")
+        plot_bench(df, out.with_suffix(".png"))
+        print(f"wrote {out}, {out.with_suffix('.md')} and {out.with_suffix('.png')}")
     return 0
 
 def _num(x) -> str: return "unavailable" if x is None else f"{x:.2f}"

@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from timm.layers import DropPath
+from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
+from .bench import forward_until
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss
@@ -313,6 +315,11 @@ class TransferMethod(Method):
                 raise ValueError("TransferMethod: the source has trainable parameters; pass frozen_copy(model)")
             if len(_vit(source, "TransferMethod source").blocks) != depth:
                 raise ValueError(f"TransferMethod: source has {len(source.blocks)} blocks, target {depth}")
+        # the source stops after the last block a term reads (later blocks, norm and head never run), unless a term
+        # needs its head's input or it is not a timm VisionTransformer (then its own forward runs in full)
+        self._source_last = (max(max(ls) for ls in self.source_needs.values())
+                             if self.source_needs and "pre_logits" not in self.source_needs
+                             and isinstance(source, VisionTransformer) else None)
         self.transmix = None
         if transmix is not None:
             tm = {**dict(alpha=1.0, prob=1.0, label="attention", area_weight=0.0), **transmix}
@@ -345,7 +352,10 @@ class TransferMethod(Method):
             if self.source.training:
                 raise RuntimeError("the GTA source was switched to train mode; it must stay frozen in eval mode")
             with torch.no_grad(), FeatureTap(self.source, {f: sorted(l) for f, l in self.source_needs.items()}) as tap:
-                self.source(ctx.x)
+                if self._source_last is None:
+                    self.source(ctx.x)
+                else:
+                    forward_until(self.source, ctx.x, self._source_last)
             ctx.source_feats = tap.out
 
     def forward(self, ctx: StepContext) -> None:

@@ -8,8 +8,13 @@ import torch
 import torch.nn.functional as F
 
 from attnrepro.attention import AttentionOverride, attention_logits
-from attnrepro.bench import (BENCH_VARIANTS, PAPER_REFERENCE, BenchConfig, build_bench, forward_until, format_bench,
-                             make_step, measure_memory, run_bench, teacher_attention_logits)
+import statistics
+
+import attnrepro.bench as bench
+from attnrepro.bench import (BENCH_VARIANTS, FLOOR_TOLERANCE, MEMORY_GOALS, PAPER_REFERENCE, TEACHER_VARIANTS,
+                             BenchConfig, build_bench, forward_until, format_bench, make_step, measure_memory,
+                             plot_bench, run_bench, teacher_attention_logits, teacher_blocks, teacher_forward_name,
+                             teacher_forward_step)
 from attnrepro.cli import BENCH_VARIANT_NAMES, main
 from attnrepro.losses import attention_distillation_loss, gta_loss
 from attnrepro.models import create_student
@@ -174,6 +179,12 @@ def test_cli_bench(tmp_path, capsys):
     assert "time x plain" in printed and "distilled blocks: 1 of 2" in printed
     df = pd.read_csv(out)
     assert list(df.variant) == list(BENCH_VARIANTS) and df.time_ratio.iloc[0] == 1.0
+    assert {"floor_s", "vs_floor", "floor_goal_met"} <= set(df.columns)
+    # the captioned table and the chart beside the csv
+    assert "x floor = median step / floor" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["bench", "--depth", "2", "--no-memory", "--out", str(tmp_path / "bench.md")]) == 2  # would clash
+    assert ".csv" in capsys.readouterr().err
     assert main(["bench", "--img-size", "30", "--no-memory"]) == 2          # patch 8 does not tile 30 px
     assert main(["bench", "--depth", "2", "--distill-layers", "3", "--no-memory"]) == 2
     assert "distill_layers" in capsys.readouterr().err
@@ -189,3 +200,99 @@ def test_bench_throughput_cli_writes_its_table(tmp_path):
     df = pd.read_csv(out)
     assert list(df.path) == ["reference", "fit_tensors", "fit_pipeline"] and (df.images_per_s > 0).all()
     assert df.vs_reference.iloc[0] == 1.0 and "Training throughput" in out.with_suffix(".md").read_text()
+
+
+def test_teacher_blocks_and_forward_step():
+    "k = the last block + 1 each variant's teacher needs; the floor's teacher step runs exactly blocks 0..k-1."
+    assert {v: teacher_blocks(v, 6, 4) for v in BENCH_VARIANTS} == dict(plain=0, capture=0, gta=6, distill=4, copy=6)
+    assert teacher_blocks("distill", 6) == 6   # None: every block distilled
+    with pytest.raises(ValueError, match="copy"):
+        teacher_blocks("dino", 6)
+    vit = _vit().eval().requires_grad_(False)
+    x = torch.randn(2, 3, 16, 16)
+    ran, _, handles = _record_blocks(vit)
+    out = teacher_forward_step(vit, 2)(x)
+    for h in handles: h.remove()
+    assert ran == [0, 1] and out.is_inference()
+    torch.testing.assert_close(out, forward_until(vit, x, 1), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="1..4"):
+        teacher_forward_step(vit, 0)
+
+
+def test_run_bench_floor_columns_from_the_timed_medians():
+    "The teacher-only forwards are timed entries of the same run; the floor columns follow from the per-step lists."
+    cfg = BenchConfig(**TINY, distill_layers=2)
+    df = run_bench(cfg, steps=3, warmup=1, memory=False)
+    times = df.attrs["times"]
+    fwd = {2: teacher_forward_name(2), 3: teacher_forward_name(3)}   # distill: 2 blocks; gta, copy: all 3
+    assert set(times) == set(BENCH_VARIANTS) | set(fwd.values()) and all(len(t) == 3 for t in times.values())
+    assert all(t > 0 for v in fwd.values() for t in times[v])
+    assert df.attrs["teacher_forward_entries"] == {"gta": fwd[3], "distill": fwd[2], "copy": fwd[3]}
+    t = df.set_index("variant")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for v, k in (("gta", 3), ("distill", 2), ("copy", 3)):
+        floor = med["plain"] + med[fwd[k]]
+        assert t.teacher_blocks[v] == k
+        assert t.teacher_fwd_s[v] == pytest.approx(med[fwd[k]], rel=1e-12)
+        assert t.floor_s[v] == pytest.approx(floor, rel=1e-12) and t.floor_s[v] >= t.median_step_s["plain"]
+        assert t.floor_ratio[v] == pytest.approx(floor / med["plain"], rel=1e-12) and t.floor_ratio[v] >= 1
+        assert t.vs_floor[v] == pytest.approx(med[v] / floor, rel=1e-12)
+        assert t.fastest_vs_floor[v] == pytest.approx(min(times[v]) / (min(times["plain"]) + min(times[fwd[k]])),
+                                                      rel=1e-12)
+        assert bool(t.floor_goal_met[v]) == (med[v] / floor <= 1 + FLOOR_TOLERANCE)
+    for v in ("plain", "capture"):   # no teacher: no floor
+        assert pd.isna(t.teacher_blocks[v]) and pd.isna(t.floor_s[v]) and pd.isna(t.floor_goal_met[v])
+    text = format_bench(df)
+    for header in ("teacher fwd (s)", "floor (s)", "x floor", "within 5 % of floor"):
+        assert f"| {header}" in text or f"{header} |" in text
+    assert "floor (s) = plain's median step + teacher fwd" in text and "x floor <= 1.05" in text
+
+
+def test_floor_and_memory_goals_on_set_timings(monkeypatch):
+    "Goal flags on timings and memory set by hand: gta 1.36 s over a 1.30 s floor is within 5 %, copy 1.40 s is not."
+    set_times = {"plain": [1.0, 1.1, 0.9], "gta": [1.36, 1.5, 1.3], "distill": [1.2, 1.3, 1.25],
+                 "copy": [1.40, 1.40, 1.40], teacher_forward_name(3): [0.3, 0.3, 0.2],
+                 teacher_forward_name(2): [0.2, 0.25, 0.2]}
+    seen = []
+    def fake_time_steps(steps, warmup, n, device="cpu"):
+        seen.append(sorted(steps))
+        for f in steps.values(): f()   # every entry still runs once
+        return {k: set_times[k] for k in steps}
+    peak = {"plain": 100.0, "gta": 110.0, "distill": 116.0, "copy": 120.0}
+    monkeypatch.setattr(bench, "time_steps", fake_time_steps)
+    monkeypatch.setattr(bench, "measure_memory", lambda cfg, v: dict(peak_mb=peak[v], rss_peak_mb=peak[v] + 500,
+                                                                     rss_base_mb=500.0))
+    df = run_bench(BenchConfig(**TINY, distill_layers=2), variants=["plain", "gta", "distill", "copy"])
+    assert seen == [sorted(["plain", "gta", "distill", "copy", teacher_forward_name(2), teacher_forward_name(3)])]
+    t = df.set_index("variant")
+    assert t.floor_s["gta"] == pytest.approx(1.3) and t.vs_floor["gta"] == pytest.approx(1.36 / 1.3)
+    assert t.floor_s["distill"] == pytest.approx(1.2) and t.vs_floor["distill"] == pytest.approx(1.25 / 1.2)
+    assert t.vs_floor["copy"] == pytest.approx(1.4 / 1.3)
+    assert t.fastest_vs_floor["gta"] == pytest.approx(1.3 / (0.9 + 0.2))
+    assert list(t.floor_goal_met[["gta", "distill", "copy"]]) == [True, True, False]
+    # memory: only distillation has a goal, 1.15x; 116 / 100 misses it
+    assert MEMORY_GOALS == {"distill": 1.15}
+    assert t.memory_ratio["distill"] == pytest.approx(1.16) and t.memory_goal["distill"] == 1.15
+    assert t.memory_goal_met["distill"] == False and t.memory_goal_met[["plain", "gta", "copy"]].isna().all()
+    text = format_bench(df)
+    assert " no |" in text and " yes |" in text and "distillation at most 1.15x" in text
+
+
+def test_plot_bench_marks_each_floor(tmp_path):
+    "The chart: one bar pair per variant, a floor and a goal mark over each teacher variant's bars, a 100 dpi png."
+    import matplotlib.image
+    df = run_bench(BenchConfig(**TINY), steps=1, warmup=0, memory=False)
+    path = tmp_path / "bench.png"
+    fig = plot_bench(df, path)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == list(BENCH_VARIANTS)
+    assert len(ax.patches) == 2 * len(BENCH_VARIANTS)
+    # hlines: floor and floor + 5 %, over the median and the fastest bar of each teacher variant
+    marks = [c for c in ax.collections if type(c).__name__ == "LineCollection"]
+    assert len(marks) == 4 * len(TEACHER_VARIANTS)
+    floors = sorted({round(float(c.get_segments()[0][0][1]), 9) for c in marks})
+    t = df.set_index("variant")
+    for v in TEACHER_VARIANTS:
+        assert round(float(t.floor_ratio[v]), 9) in floors
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and 300 < img.shape[1] < 1200   # screen resolution

@@ -385,3 +385,55 @@ def test_datasets_torchvision_lacks_say_where_to_get_them(name, where, tmp_path,
     monkeypatch.delenv("ATTNREPRO_DOWNLOAD", raising=False)
     with pytest.raises(data.DataNotFoundError, match=where):
         data.get_dataset(name, "train")
+
+
+@pytest.mark.parametrize("feature,layers", [("attn_logits", None), ("attn_logits", [0]), ("block", [1]),
+                                            ("msa", [0, 1])])
+def test_source_stops_after_the_last_guided_block_and_gives_the_full_forwards_loss(feature, layers):
+    "The source runs blocks 0..last guided one only (no later block, norm or head); the loss equals a full forward's."
+    from attnrepro.gta import FeatureTap
+    torch.manual_seed(0)
+    src = frozen_copy(create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2,
+                                     num_classes=5))
+    tgt = target_from_source(src, 4)
+    with torch.no_grad():                       # move the target away from the source: a non-zero loss
+        for p in tgt.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    x = torch.randn(3, 3, 32, 32)
+    meth = TransferMethod(tgt, src, [guidance_term(feature, 1.0, layers)])
+    ran = []
+    hooks = [b.register_forward_hook(lambda *a, k=k: ran.append(k)) for k, b in enumerate(src.blocks)]
+    hooks += [m.register_forward_hook(lambda *a, n=n: ran.append(n)) for n, m in (("norm", src.norm), ("head", src.head))]
+    ctx = StepContext(x=x, y=torch.zeros(3, dtype=torch.long), target=None, model=tgt, train_model=tgt,
+                      device=torch.device("cpu"), step=0, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    meth.before_forward(ctx)
+    last = max(layers or [2])
+    assert ran == list(range(last + 1))
+    meth.forward(ctx)
+    got = meth.terms[1].fn(ctx)
+    ran.clear()
+    keep = layers or [0, 1, 2]
+    with torch.no_grad(), FeatureTap(src, {feature: keep}) as tap:   # the full forward, as before the early stop
+        src(x)
+    assert ran == [0, 1, 2, "norm", "head"]
+    for h in hooks: h.remove()
+    want = guidance_loss({i: ctx.feats[feature][i] for i in keep}, {i: tap.out[feature][i] for i in keep}, feature)
+    assert got.item() > 0 and torch.equal(got, want)   # bit for bit: the same operations on the same blocks
+    for i in keep:
+        assert torch.equal(ctx.source_feats[feature][i], tap.out[feature][i])
+
+
+def test_source_runs_in_full_when_a_term_reads_its_head_input(source):
+    "A term that declares the source's pre-logits (the head's input) gets the whole forward."
+    from attnrepro.gta import TapTerm
+    tgt = target_from_source(source, 4)
+    term = TapTerm("src_feat", lambda ctx: ctx.source_feats["pre_logits"].pow(2).mean(), 1.0,
+                   source_needs={"pre_logits": None})
+    meth = TransferMethod(tgt, source, [term])
+    x = torch.randn(2, 3, 32, 32)
+    ctx = StepContext(x=x, y=torch.zeros(2, dtype=torch.long), target=None, model=tgt, train_model=tgt,
+                      device=torch.device("cpu"), step=0, cfg=TrainConfig(epochs=1, warmup_epochs=0))
+    meth.before_forward(ctx)
+    with torch.no_grad():
+        torch.testing.assert_close(ctx.source_feats["pre_logits"], source.forward_head(source.forward_features(x),
+                                                                                         pre_logits=True))

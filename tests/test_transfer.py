@@ -1,5 +1,6 @@
 """attnrepro.transfer: copy / distill methods of Li et al. 2024, against formulas written out in numpy."""
 import copy
+from functools import partial
 
 import numpy as np
 import pytest
@@ -221,3 +222,26 @@ def test_distill_teacher_is_a_frozen_module(x):
     m.forward(ctx)
     assert ctx.distill_teacher["attn_distill"][0].shape == (4, 2, 17, 17)
     assert all(v[0].device.type == "meta" for v in ctx.distill_teacher.values())
+
+
+@pytest.mark.parametrize("build", ["distill_first_2", "copy_block_0", "q_and_feature"])
+def test_teacher_stops_after_the_last_needed_block(build, x):
+    "The training paths run the frozen teacher without grad through the last block a term needs: no later block, norm or head."
+    t, s = _models()
+    t.head = nn.Linear(32, 5)   # a head that would run in a full forward (the teacher is built headless)
+    s.train()
+    ran, grad = [], []
+    def record(k, *a):   # returns None: the block's output stays as it is
+        ran.append(k); grad.append(torch.is_grad_enabled())
+    hooks = [b.register_forward_hook(partial(record, k)) for k, b in enumerate(t.blocks)]
+    hooks += [m.register_forward_hook(lambda *a, n=n: ran.append(n)) for n, m in (("norm", t.norm), ("head", t.head))]
+    if build == "copy_block_0":
+        CopyModel(s, t, layers=[0])(x)
+        want = [0]
+    else:
+        distill = ([Distill("attn", (0, 1))] if build == "distill_first_2"
+                   else [Distill("q", (0,)), Distill("feature", (1,))])
+        TeacherDistillMethod(t, distill).forward(StepContext(model=s, train_model=s, x=x))
+        want = [0, 1]
+    for h in hooks: h.remove()
+    assert ran == want and not any(grad)
