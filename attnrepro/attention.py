@@ -15,10 +15,11 @@ from timm.layers import Attention
 from timm.layers.attention import maybe_add_mask, resolve_self_attn_mask
 from timm.models.convit import GPSA, MHSA
 from timm.models.pit import PoolingVisionTransformer
+from timm.models.vision_transformer import VisionTransformer
 
 # %% auto #0
 __all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
-           'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps',
+           'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps', 'forward_until',
            'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
@@ -286,6 +287,25 @@ def attention_maps(model: nn.Module, x: torch.Tensor, layers: Sequence[int] | No
     with AttentionCapture(model, layers, what=("maps",), cls_only=cls_only) as cap:
         model(on_model_device(model, x))
     return cap.maps
+
+# %% ../nbs/02_attention.ipynb #14238a82
+def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.Tensor:
+    "Tokens (B, N, D) after `model.blocks[last_block]` of a timm VisionTransformer; later blocks, norm and head never run."
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(f"forward_until: expected a timm VisionTransformer (or DeiT), got {type(model).__name__}")
+    depth = len(model.blocks)
+    if isinstance(last_block, bool) or not isinstance(last_block, int) or not -depth <= last_block < depth:
+        raise IndexError(f"forward_until: last_block={last_block!r} is not a block of this {depth}-block model "
+                         f"(valid: 0..{depth - 1}, or negative from the end)")
+    last_block %= depth
+    x = model.patch_embed(x)
+    x = model._pos_embed(x)
+    x = model.patch_drop(x)
+    x = model.norm_pre(x)
+    for blk in model.blocks[:last_block + 1]:
+        x = blk(x)
+    return x
+
 
 # %% ../nbs/02_attention.ipynb #56300c95
 OVERRIDE_SOURCES = ("logits", "maps", "q", "k", "v")

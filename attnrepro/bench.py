@@ -16,35 +16,18 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, AttentionOverride, attention_blocks
+from .attention import forward_until, AttentionCapture, AttentionOverride, attention_blocks
 from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, seed_everything
 from .losses import attention_distillation_loss, gta_loss
 from .models import create_student
 
 # %% auto #0
 __all__ = ['BENCH_VARIANTS', 'TEACHER_VARIANTS', 'FLOOR_TOLERANCE', 'MEMORY_GOALS', 'PAPER_REFERENCE', 'PAPER_REFERENCE_NOTE',
-           'MEMORY_DEFINITIONS', 'BENCH_COLUMNS', 'forward_until', 'teacher_attention_logits', 'teacher_blocks',
-           'BenchConfig', 'build_bench', 'make_step', 'teacher_forward_step', 'time_steps', 'measure_memory',
-           'teacher_forward_name', 'run_bench', 'format_bench', 'plot_bench', 'ThroughputConfig', 'run_throughput']
+           'MEMORY_DEFINITIONS', 'BENCH_COLUMNS', 'teacher_attention_logits', 'teacher_blocks', 'BenchConfig',
+           'build_bench', 'make_step', 'teacher_forward_step', 'time_steps', 'measure_memory', 'teacher_forward_name',
+           'run_bench', 'format_bench', 'plot_bench', 'ThroughputConfig', 'run_throughput']
 
 # %% ../nbs/10_bench.ipynb #91b89c3e
-def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.Tensor:
-    "Tokens (B, N, D) after `model.blocks[last_block]` of a timm VisionTransformer; later blocks, norm and head never run."
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"forward_until: expected a timm VisionTransformer (or DeiT), got {type(model).__name__}")
-    depth = len(model.blocks)
-    if isinstance(last_block, bool) or not isinstance(last_block, int) or not -depth <= last_block < depth:
-        raise IndexError(f"forward_until: last_block={last_block!r} is not a block of this {depth}-block model "
-                         f"(valid: 0..{depth - 1}, or negative from the end)")
-    last_block %= depth
-    x = model.patch_embed(x)
-    x = model._pos_embed(x)
-    x = model.patch_drop(x)
-    x = model.norm_pre(x)
-    for blk in model.blocks[:last_block + 1]:
-        x = blk(x)
-    return x
-
 def teacher_attention_logits(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
                              cls_only: bool = False) -> list[torch.Tensor]:
     "Teacher attention logits of `layers` (default all) under `inference_mode`, the forward stopped after the last of them."

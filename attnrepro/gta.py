@@ -15,7 +15,7 @@ from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
-from .bench import forward_until
+from .attention import forward_until
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss

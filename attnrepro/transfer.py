@@ -15,7 +15,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import (AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
-from .bench import forward_until
+from .attention import forward_until
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_loss, feature_mse_loss
 from .models import create_student
