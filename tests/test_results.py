@@ -73,3 +73,25 @@ def test_pilots_table_reads_every_mini_pilot(tmp_path):
     assert "p_mini/pilot_x" in text and "p_smoke" not in text
     row = [l for l in text.splitlines() if "p_mini" in l]
     assert len(row) == 1 and "scratch: 44.70 (>= 40: met)" in row[0] and "| method" in row[0] and "8.3" in row[0]
+
+
+def test_cost_section_is_generated_from_outputs_bench(tmp_path):
+    "The README's cost block shows every committed bench table (and its chart), and says which one is missing."
+    from attnrepro.report import COST_END, COST_START, README_END, README_START, cost_section, update_readme
+    bench = tmp_path / "outputs" / "bench"
+    bench.mkdir(parents=True)
+    (bench / "bench.md").write_text("**Cost** caption\n\n| variant | time |\n|:--|--:|\n| plain | 1.00 |\n")
+    (bench / "bench.png").write_bytes(b"png")
+    sec = cost_section(tmp_path)
+    assert "| plain | 1.00 |" in sec and "![bench](outputs/bench/bench.png)" in sec
+    assert "No `outputs/bench/throughput.md` committed yet" in sec      # missing table named with the command to make it
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n{README_START}\nold\n{README_END}\n## Cost\n{COST_START}\nhand-written 1.3x\n{COST_END}\ntail\n")
+    assert update_readme(tmp_path, check=True)                          # stale before ...
+    assert update_readme(tmp_path)
+    text = readme.read_text()
+    assert "hand-written" not in text and "| plain | 1.00 |" in text and text.endswith(f"{COST_END}\ntail\n")
+    assert not update_readme(tmp_path, check=True)                      # ... and in sync after
+    readme.write_text(f"{README_START}\n{README_END}\n{COST_START}\n")   # a start marker without its end
+    with pytest.raises(ValueError, match="cost:end"):
+        update_readme(tmp_path)
