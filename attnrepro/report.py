@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_report.ipynb #05828de6
 from __future__ import annotations
-import json, math, os, shutil, time
+import json, math, os, shutil, subprocess, time
 from pathlib import Path
 
 import pandas as pd
@@ -122,6 +122,19 @@ def claims_markdown(claims: pd.DataFrame, title: str) -> str:
     md += "\n".join(f"- **{c['verdict']}** ({c['id']}) {c['claim']}: {c['evidence']}" for _, c in claims.iterrows())
     return md + "\n"
 
+def _regime_note(root: Path, short: str, man: dict) -> str:
+    """The profile note of the run that produced `man`: the manifest's own `note`, else the note in profiles.yaml at
+    the manifest's commit (the profile may have moved on to the next re-run's regime), else today's."""
+    if "note" in man: return man["note"] or ""
+    commit = str(man.get("git_commit", "")).removesuffix("-dirty")
+    try:
+        text = subprocess.run(["git", "show", f"{commit}:papers/{short}/profiles.yaml"], cwd=root, capture_output=True,
+                              text=True, check=True).stdout
+        return ((yaml.safe_load(text) or {}).get(man.get("profile")) or {}).get("note", "")
+    except (subprocess.CalledProcessError, FileNotFoundError, yaml.YAMLError): pass
+    try: return load_profile(short, man.get("profile"), root).get("note", "")
+    except (ValueError, FileNotFoundError): return ""
+
 def results_table(root=None) -> str:
     "The README's results table, from every committed `outputs/<paper>/claims.csv` (mini profile)."
     root = Path(root or project_root())
@@ -133,8 +146,7 @@ def results_table(root=None) -> str:
             raise ValueError(f"{d / 'claims.csv'} has no verdict column (written before attnrepro.verdicts): "
                              f"re-run `attnrepro reproduce --paper {d.name} --profile {man.get('profile')}`")
         counts = cl["verdict"].value_counts()
-        try: regime = load_profile(d.name, man.get("profile"), root).get("note", "")
-        except (ValueError, FileNotFoundError): regime = ""
+        regime = _regime_note(root, d.name, man)
         regime = regime.split(":", 1)[1].strip() if regime.upper().startswith(("MINI PROFILE", "SMOKE PROFILE")) else regime
         rows.append({"paper": f"[{d.name}](outputs/{d.name}/claims.md)", "profile": man.get("profile", ""),
                      "runs": len(man.get("runs", [])), **{v: int(counts.get(v, 0)) for v in VERDICTS},

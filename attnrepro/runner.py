@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .core import atomic_write_json, git_commit, package_versions, project_root
-from .report import PROFILES, check_profile, paper_meta, papers_dir
+from .report import PROFILES, check_profile, load_profile, paper_meta, papers_dir
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'RunInterrupted', 'paper_notebook', 'known_papers',
@@ -186,7 +186,9 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     compact_progress_output(staging / f"{short}.ipynb")
     used_path = staging / "runs_used.json"
     used = json.loads(used_path.read_text()) if used_path.exists() else {"runs": [], "seeds": []}
-    manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, git_commit=commit,
+    try: note = load_profile(short, profile, root).get("note", "")   # the regime the results come from (README)
+    except (ValueError, FileNotFoundError): note = ""
+    manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, note=note, git_commit=commit,
                     started=started, wall_time_s=round(time.time() - t0, 1), parameters=all_params | {"out_dir": str(final)},
                     seeds=used.get("seeds", []), runs=used.get("runs", []), claims=used.get("claims", []),
                     provenance=used.get("provenance", {}),

@@ -95,3 +95,21 @@ def test_cost_section_is_generated_from_outputs_bench(tmp_path):
     readme.write_text(f"{README_START}\n{README_END}\n{COST_START}\n")   # a start marker without its end
     with pytest.raises(ValueError, match="cost:end"):
         update_readme(tmp_path)
+
+
+def test_readme_regime_is_the_one_that_produced_the_results(tmp_path):
+    "The README's regime column reads the manifest's note, else the profile at the manifest's commit, not today's."
+    import subprocess
+    from attnrepro.report import _regime_note
+    prof = tmp_path / "papers" / "p" / "profiles.yaml"
+    prof.parent.mkdir(parents=True)
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True).stdout.strip()
+    git("init", "-q"); git("config", "user.email", "t@t"); git("config", "user.name", "t")
+    prof.write_text("mini: {note: 'MINI PROFILE: old regime'}\n")
+    git("add", "-A"); git("commit", "-qm", "v1")
+    old = git("rev-parse", "HEAD")
+    prof.write_text("mini: {note: 'MINI PROFILE: next re-run'}\n")
+    git("commit", "-qam", "v2")
+    assert _regime_note(tmp_path, "p", {"profile": "mini", "note": "recorded"}) == "recorded"
+    assert _regime_note(tmp_path, "p", {"profile": "mini", "git_commit": old + "-dirty"}) == "MINI PROFILE: old regime"
+    assert _regime_note(tmp_path, "p", {"profile": "mini", "git_commit": "0" * 40}) == "MINI PROFILE: next re-run"
