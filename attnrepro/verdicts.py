@@ -5,7 +5,7 @@
 # %% ../nbs/17_verdicts.ipynb #50a20230
 from __future__ import annotations
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -14,7 +14,7 @@ from scipy import stats
 # %% auto #0
 __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference',
            'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable',
-           'gap_fraction', 'all_of', 'mean_ci', 'seeds_needed', 'pilot_table']
+           'gap_fraction', 'all_of', 'provided', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -25,12 +25,15 @@ class Arm:
     """One row of a comparison: a metric measured once per seed (`values`). `n_test`: the number of test examples
     when the metric is a percentage accuracy (adds the test set's binomial sampling noise). `sd_seed`, `sd_df`: a
     seed-to-seed standard deviation borrowed from other rows (with its degrees of freedom), for rows run with one
-    seed; `sd_seed=0` marks exact numbers (a paper's printed values)."""
+    seed; `sd_seed=0` marks exact numbers (a paper's printed values). `hits` (keyword only): each seed's per-image
+    top-1 hits on one shared test set (bool arrays or `pack_correct` strings, in the order of `values`; `n_test`
+    becomes their length): every contrast between arms that all carry them is paired on the test images (below)."""
     values: tuple
     name: str = ""
     n_test: int | None = None
     sd_seed: float | None = None
     sd_df: float | None = None
+    hits: np.ndarray | None = field(default=None, repr=False, kw_only=True)   # (seeds, images) 0/1 once validated
 
     def __post_init__(self):
         v = np.atleast_1d(np.asarray(self.values, dtype=float))
@@ -41,6 +44,15 @@ class Arm:
             raise ValueError(f"arm {self.name!r}: n_test must be a positive integer, got {self.n_test!r}")
         if self.sd_seed is not None and (self.sd_seed < 0 or not math.isfinite(self.sd_seed)):
             raise ValueError(f"arm {self.name!r}: sd_seed must be finite and >= 0, got {self.sd_seed!r}")
+        if self.hits is not None:
+            H = _hits(self.hits, f"arm {self.name!r}")
+            if len(H) != self.n or not np.allclose(100 * H.mean(1), self.values, atol=0.01):
+                raise ValueError(f"arm {self.name!r}: its hits ({np.round(100 * H.mean(1), 2).tolist()}) do not match its "
+                                 f"values {list(self.values)}: pass them seed by seed, in the same order")
+            if self.n_test is not None and self.n_test != H.shape[1]:
+                raise ValueError(f"arm {self.name!r}: n_test={self.n_test} but its hits cover {H.shape[1]} images")
+            object.__setattr__(self, "hits", H)
+            object.__setattr__(self, "n_test", H.shape[1])
 
     @property
     def n(self) -> int: return len(self.values)
@@ -67,9 +79,9 @@ class Arm:
         return 100.0 ** 2 * p * (1 - p) / self.n_test
 
 def arm(values, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
-        sd_df: float | None = None) -> Arm:
-    "An `Arm` from a value or a list of per-seed values."
-    return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df)
+        sd_df: float | None = None, hits=None) -> Arm:
+    "An `Arm` from a value or a list of per-seed values (and, optionally, each seed's per-image hits)."
+    return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df, hits=hits)
 
 def reported(value: float, name: str = "") -> Arm:
     "A paper's printed number, taken as exact: comparisons of reported numbers are decided by their sign alone."
@@ -112,7 +124,7 @@ class Estimate:
     def __str__(self):
         return f"{self.label} = {self.effect:+.2f} [{self.ci_low:+.2f}, {self.ci_high:+.2f}], {self.n}"
 
-def _seeds_text(arms: Sequence[Arm]) -> str:
+def _seeds_text(arms: Sequence[Arm], paired: bool = False) -> str:
     ns = [a.n for a in arms]
     tests = sorted({a.n_test for a in arms if a.n_test})
     if all(a.sd_seed == 0 for a in arms):
@@ -121,12 +133,22 @@ def _seeds_text(arms: Sequence[Arm]) -> str:
         s = f"{ns[0]} seed{'s' if ns[0] > 1 else ''} each" if len(set(ns)) == 1 else " vs ".join(map(str, ns)) + " seeds"
         borrowed = [a for a in arms if a.sd_seed]
         if borrowed: s += f", seed sd {borrowed[0].sd_seed:.2f} borrowed (df {borrowed[0].sd_df:.0f})"
-    if tests: s += ", test n=" + "/".join(map(str, tests))
+    if tests: s += (", paired on test n=" if paired else ", test n=") + "/".join(map(str, tests))
     return s
+
+def _paired_part(terms) -> np.ndarray | None:
+    """Per image, the contrast's test-set part `100 * sum(w * mean over seeds of the arm's hits)` when every arm with
+    test noise carries hits on one test set (`Arm.hits`, same length); None otherwise (binomial terms apply)."""
+    noisy = [(w, a) for w, a in terms if a.n_test is not None]
+    if not noisy or any(a.hits is None for _, a in noisy) or len({a.hits.shape[1] for _, a in noisy}) != 1:
+        return None
+    return 100.0 * sum(w * a.hits.mean(0) for w, a in noisy)
 
 def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float = LEVEL) -> Estimate:
     """The linear contrast `sum(w * arm.mean)` with Welch-Satterthwaite degrees of freedom. An arm listed twice
-    has its weights added (so `copy - scratch - r (ft - scratch)` counts scratch's noise once)."""
+    has its weights added (so `copy - scratch - r (ft - scratch)` counts scratch's noise once). When every arm
+    with test-set noise carries per-image hits (`Arm.hits`), the test-set term is the variance of the per-image
+    contrast over N images (paired, as `paired_difference`) instead of a sum of independent binomial terms."""
     merged: list[list] = []
     for w, a in terms:
         if not isinstance(a, Arm): raise TypeError(f"contrast terms are (weight, Arm) pairs, got {type(a).__name__}")
@@ -140,14 +162,17 @@ def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float =
         v, df = a.seed_var()
         key = ("borrowed", a.sd_seed, a.sd_df) if a.sd_seed is not None else ("own", id(a))
         groups[key] = (groups.get(key, (0.0, df))[0] + w * w * v, df)
-    var = sum(v for v, _ in groups.values()) + sum(w * w * a.test_var() for w, a in merged)
+    pv = _paired_part(merged)
+    test = float(np.var(pv, ddof=1)) / pv.size if pv is not None else sum(w * w * a.test_var() for w, a in merged)
+    var = sum(v for v, _ in groups.values()) + test
     den = sum(v * v / df for v, df in groups.values() if v > 0 and not math.isinf(df))
     df = var * var / den if den > 0 else math.inf
     return Estimate(label or " ".join(f"{w:+g}*{a.name}" for w, a in merged), float(effect), math.sqrt(var), df,
-                    _seeds_text([a for _, a in merged]), level)
+                    _seeds_text([a for _, a in merged], pv is not None), level)
 
 def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimate:
-    "`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise)."
+    """`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise;
+    paired on the test images when both carry per-image hits)."""
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
 # %% ../nbs/17_verdicts.ipynb #348eb0de
@@ -171,10 +196,10 @@ def unpack_correct(packed: str) -> np.ndarray:
     if bits.size != int(n): raise ValueError(f"unpack_correct: string holds {bits.size} bits, header says {n}")
     return bits.astype(bool)
 
-def _hits(correct) -> np.ndarray:
+def _hits(correct, who: str = "paired_difference") -> np.ndarray:
     rows = [unpack_correct(c) if isinstance(c, str) else np.asarray(c, dtype=bool) for c in correct]
     if not rows or len({r.size for r in rows}) != 1:
-        raise ValueError(f"paired_difference: per-seed hit arrays must be non-empty and of one length, got "
+        raise ValueError(f"{who}: per-seed hit arrays must be non-empty and of one length, got "
                          f"{[r.size for r in rows]}")
     return np.stack(rows).astype(float)
 
@@ -253,14 +278,18 @@ def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: st
     "Claim: `(method - base) / (target - base) > at_least`, decided on Fieller's interval of the ratio."
     a, b = difference(method, base), difference(target, base)
     va, vb = a.se ** 2, b.se ** 2
-    c = base.seed_var()[0] + base.test_var()   # cov(method - base, target - base) through the shared baseline
+    # cov(method - base, target - base): the shared baseline's seed noise, plus the test-set covariance (per image
+    # when the arms carry hits, else the baseline's binomial term)
+    pa, pb = _paired_part([(1, method), (-1, base)]), _paired_part([(1, target), (-1, base)])
+    paired = pa is not None and pb is not None
+    c = base.seed_var()[0] + (float(np.cov(pa, pb, ddof=1)[0, 1]) / pa.size if paired else base.test_var())
     f = a.effect / b.effect if b.effect != 0 else math.nan
     f0 = f if math.isfinite(f) else 0.0
     df = contrast([(1, method), (-1, base), (-f0, target), (f0, base)]).df   # df of the contrast at the estimate
     t = _tcrit(0.5 + level / 2, df)
     # (a - r b)^2 = t^2 (va + r^2 vb - 2 r c)  ->  A r^2 - 2 B r + C = 0
     A, B, C = b.effect ** 2 - t * t * vb, a.effect * b.effect - t * t * c, a.effect ** 2 - t * t * va
-    n = _seeds_text([base, method, target])
+    n = _seeds_text([base, method, target], paired)
     name = label or f"({method.name} - {base.name}) / ({target.name} - {base.name})"
     if A <= 0 or vb == 0 and b.effect == 0:
         lo, hi = -math.inf, math.inf
@@ -288,6 +317,16 @@ def all_of(parts: Sequence[Verdict], label: str = "") -> Verdict:
         min(hit, key=lambda p: p.ci_low if math.isfinite(p.ci_low) else -math.inf)
     st = (label + ": " if label else "") + "; ".join(f"{p.statement} -> {p.verdict}" for p in parts)
     return Verdict(v, st, key.effect, key.ci_low, key.ci_high, key.n, key.mde, key.claimed)
+
+def provided(preconditions: Sequence[Verdict], verdict: Verdict) -> Verdict:
+    """`verdict` when every precondition holds; otherwise untestable, naming the preconditions not met and keeping
+    the comparison's own numbers in the text. A claim that compares methods at a schedule where the premise fails
+    (fine-tuning not above scratch, say) cannot be tested there: 'does not hold' would blame the method."""
+    failed = [p for p in preconditions if p.verdict != "holds"]
+    if not failed: return verdict
+    why = "; ".join(f"{p.statement} -> {p.verdict}" for p in failed)
+    return untestable(f"precondition not met ({why}); the comparison itself, for information: {verdict.statement} "
+                      f"-> {verdict.verdict}")
 
 # %% ../nbs/17_verdicts.ipynb #8306dabd
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:

@@ -133,3 +133,34 @@ def test_attndistill_headline_reuses_the_pilot_runs():
     assert want <= committed, (f"the mini pilot recipe no longer matches the committed pilot runs {sorted(want - committed)}: "
                                "Figure 6 would retrain them (restore the recipe, or retrain on purpose and update this test)")
     assert {s for _, s in committed} <= set(mini["headline"]["seeds"])
+
+
+def test_attention_transfer_main_table_is_the_pilot_regime():
+    """Table 1 runs the pilot's regime (task, teacher, schedule), so the pilot's runs are its seeds (the notebook checks
+    the config hashes); the sweeps name a recipe that exists and the seeds of the rows claims 3, 4, 6 rest on."""
+    at = profiles("attention_transfer")
+    for prof in ("smoke", "mini"):
+        P, pl = at[prof], at[prof]["pilot"]
+        assert P["main"] == {"data": pl["data"], "teacher_key": pl["teacher_key"], "schedule": pl["schedule"]}, prof
+        assert {s for ss in pl["arm_seeds"].values() for s in ss} <= set(P["seeds"]), prof
+        sw = P["sweeps"]
+        assert sw["schedule"] in P["recipes"] and sw["claim_seeds"], prof
+        assert P["recipes"][sw["schedule"]]["val"] == "val" and not P["data"][P["main"]["data"]].get("val_per_class"), prof
+        assert not P.get("method_recipes"), f"{prof}: one recipe for every method (methods differ only in what they transfer)"
+        assert {"mae", "dino", "supervised"} <= set(P["teachers"]), prof   # the pre-training-method rows
+    assert len(at["mini"]["seeds"]) >= 3 and len(at["mini"]["sweeps"]["claim_seeds"]) >= 2
+
+
+def test_attention_transfer_paper_profile_encodes_each_methods_recipe():
+    "The paper profile: every method its recipe (Tables 15/16, beta2 0.95 for partial copies, MAE's scratch/fine-tune)."
+    P = profiles("attention_transfer")["paper"]
+    mr = P["method_recipes"]
+    assert {"scratch", "finetune", "copy", "partial_copy", "distill"} <= set(mr) and set(mr.values()) <= set(P["recipes"])
+    copy_, part, dist = (P["recipes"][mr[k]] for k in ("copy", "partial_copy", "distill"))
+    assert copy_["train"]["lr"] == 1e-3 and copy_["train"]["min_lr"] == 2e-3 and copy_["layer_decay"] == 0.75
+    assert part["train"]["betas"] == [0.9, 0.95] and {k: v for k, v in part["train"].items() if k != "betas"} == \
+        {k: v for k, v in copy_["train"].items() if k != "betas"}
+    assert dist["train"]["lr"] == 1e-4 and dist["train"]["weight_decay"] == 0.3 and dist["drop_path_rate"] == 0.2
+    assert P["recipes"][mr["finetune"]]["layer_decay"] == 0.75
+    assert {"mae", "dino", "mocov3", "flip", "mae_b", "mae_h"} <= set(P["teachers"])
+    assert {v["teacher"] for v in P["model_sizes"].values()} <= set(P["teachers"])

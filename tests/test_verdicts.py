@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from attnrepro.verdicts import (arm, contrast, difference, gap_fraction, greater, pack_correct, paired_difference,
-                                pooled_sd, reported, unpack_correct, within)
+                                pooled_sd, provided, reported, unpack_correct, untestable, within)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -92,3 +92,65 @@ def test_paired_difference_errors_and_packing():
         paired_difference(a, b, [h], [np.ones(4, bool)])
     with pytest.raises(ValueError, match="do not match"):
         paired_difference(a, arm([10.0], "b", sd_seed=0.0), [h], [h])
+
+
+def _correlated_hits(rng, n_img, rates, seeds=3):
+    "Per-seed hit arrays of models that share most of their errors (a common easy set plus their own extra hits)."
+    easy = rng.random(n_img) < 0.4
+    return [[easy | (rng.random(n_img) < r) for _ in range(seeds)] for r in rates]
+
+
+def test_arms_with_hits_pair_every_contrast():
+    """Arms carrying per-image hits: `difference` equals `paired_difference`; a 4-term contrast's test variance is the
+    variance of its per-image values over N (computed here by hand); an arm without hits falls back to binomial."""
+    rng = np.random.default_rng(7)
+    H = _correlated_hits(rng, 8000, (0.02, 0.06, 0.10))
+    sc, cp, ft = (arm([100 * h.mean() for h in hs], n, hits=hs) for hs, n in zip(H, ("scratch", "copy", "ft")))
+    d = difference(cp, sc)
+    p = paired_difference(arm(cp.values, "copy"), arm(sc.values, "scratch"), H[1], H[0])
+    assert d.effect == pytest.approx(p.effect) and d.se == pytest.approx(p.se, rel=1e-12) and d.df == pytest.approx(p.df)
+    r = 0.4
+    e = contrast([(1, cp), (-1, sc), (-r, ft), (r, sc)])
+    per_img = 100 * (np.mean(H[1], 0) - np.mean(H[0], 0) - r * (np.mean(H[2], 0) - np.mean(H[0], 0)))
+    seed_var = np.var(cp.values, ddof=1) / 3 + r * r * np.var(ft.values, ddof=1) / 3 + (1 - r) ** 2 * np.var(sc.values, ddof=1) / 3
+    assert e.se ** 2 == pytest.approx(seed_var + np.var(per_img, ddof=1) / 8000, rel=1e-12)
+    unpaired = difference(arm(cp.values, n_test=8000), arm(sc.values, n_test=8000))
+    assert d.se < unpaired.se and difference(cp, arm(sc.values, n_test=8000)).se == pytest.approx(unpaired.se)
+    assert "paired on test n=8000" in d.n and "paired" not in unpaired.n
+
+
+def test_paired_gap_fraction_is_the_inverted_paired_contrast():
+    "Fieller's interval with paired arms: at each end the paired contrast (copy - scratch) - r (ft - scratch) sits at t * se."
+    rng = np.random.default_rng(11)
+    H = _correlated_hits(rng, 10000, (0.02, 0.07, 0.10))
+    sc, cp, ft = (arm([100 * h.mean() for h in hs], n, hits=[pack_correct(x) for x in hs])
+                  for hs, n in zip(H, ("scratch", "copy", "ft")))
+    v = gap_fraction(sc, cp, ft, 0.5)
+    t = stats.t.ppf(0.975, contrast([(1, cp), (-1, sc), (-v.effect, ft), (v.effect, sc)]).df)
+    for r in (v.ci_low, v.ci_high):
+        e = contrast([(1, cp), (-1, sc), (-r, ft), (r, sc)])
+        assert abs(e.effect) == pytest.approx(t * e.se, rel=1e-6)
+    # pairing narrows the ratio's interval against the same arms scored as independent test sets
+    u = gap_fraction(*(arm(a.values, a.name, n_test=10000) for a in (sc, cp, ft)), 0.5)
+    assert v.ci_high - v.ci_low < u.ci_high - u.ci_low and "paired" in v.n
+
+
+def test_arm_hits_are_validated():
+    h = [np.array([1, 0, 1, 1], bool), np.array([0, 0, 1, 1], bool)]
+    with pytest.raises(ValueError, match="do not match"):
+        arm([50.0, 75.0], "x", hits=h)
+    with pytest.raises(ValueError, match="n_test=5"):
+        arm([75.0, 50.0], "x", n_test=5, hits=h)
+    with pytest.raises(ValueError, match="one length"):
+        arm([75.0, 50.0], "x", hits=[h[0], h[1][:3]])
+    assert arm([75.0, 50.0], "x", hits=h).n_test == 4
+
+
+def test_provided_makes_a_claim_untestable_when_its_premise_fails():
+    ft_beats = greater(difference(arm([40.0, 41.0, 40.5]), arm([30.0, 30.5, 31.0])))
+    premise_fails = greater(difference(arm([2.65, 2.70, 2.60]), arm([2.80, 2.75, 2.85])))   # fine-tune below scratch
+    claim = greater(difference(arm([5.0, 5.2, 5.1]), arm([3.0, 3.1, 2.9])))
+    assert provided([ft_beats], claim) is claim
+    v = provided([ft_beats, premise_fails], claim)
+    assert v.verdict == "untestable" and "precondition not met" in v.statement and claim.statement in v.statement
+    assert provided([untestable("no runs")], claim).verdict == "untestable"
