@@ -11,6 +11,20 @@ from attnrepro.runner import known_papers, output_dir
 DONE = [p for p in known_papers() if (output_dir(p, "mini") / "manifest.json").exists()]
 
 
+def _meta_at(paper: str, commit: str) -> dict:
+    """papers/<paper>/paper.yaml as it was at `commit` (the one that produced the committed outputs): a paper whose
+    notebook was redesigned for its next re-run lists outputs the committed results do not have yet. Today's file
+    where that commit is not in this clone."""
+    import subprocess
+    import yaml
+    try:
+        text = subprocess.run(["git", "show", f"{commit.removesuffix('-dirty')}:papers/{paper}/paper.yaml"],
+                              cwd=project_root(), capture_output=True, text=True, check=True).stdout
+        return yaml.safe_load(text)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return paper_meta(paper)
+
+
 def test_some_mini_results_are_committed():
     assert {"aal", "gta", "teachers", "attndistill", "bootstrapping_vit", "attention_transfer"} <= set(DONE)
 
@@ -20,7 +34,7 @@ def test_mini_outputs_are_complete(paper):
     out = output_dir(paper, "mini")
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["profile"] == "mini" and manifest["paper"] == paper and manifest["git_commit"]
-    meta = paper_meta(paper)
+    meta = _meta_at(paper, manifest["git_commit"])   # the outputs the producing notebook promised
     expected = [o for o in meta["outputs"] if o not in meta.get("paper_profile_only", [])]
     files = {"claims": ["claims.md", "claims.csv"]}
     missing = [f for o in expected for f in files.get(o, [f"{o}.csv", f"{o}.md"] if o.startswith("table_") else [f"{o}.png"])
