@@ -24,10 +24,10 @@ from .train import LossTerm, Method, StepContext, ce_loss
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
            'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'vit_map_layout', 'cls_attention_maps', 'renormalize',
            'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks', 'paper_link_mask',
-           'link_mask', 'resample_link_mask', 'link_magnitudes', 'select_links', 'aal_loss', 'aal_lambda_schedule',
-           'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout',
-           'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes',
-           'distill_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
+           'link_mask', 'resample_link_mask', 'link_magnitudes', 'link_pair_scores', 'select_links', 'aal_loss',
+           'aal_lambda_schedule', 'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history',
+           'pit_map_layout', 'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset',
+           'restrict_to_classes', 'distill_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
            'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
            'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
            'claim_localises_better']
@@ -250,9 +250,9 @@ def link_magnitudes(links: AttentionLinks | torch.Tensor, block_channels: Sequen
 
 LINK_NORMALIZATIONS = ("magnitude", "signed")
 
-def select_links(links: AttentionLinks | torch.Tensor, theta: float = 0.05, block_channels: Sequence[int] | None = None,
-                 num_heads: int | None = None, normalization: str = "magnitude") -> torch.Tensor:
-    "Algorithm 1: bool (blocks, layers) mask of pairs whose mean min-max-normalised link is > `theta`."
+def link_pair_scores(links: AttentionLinks | torch.Tensor, block_channels: Sequence[int] | None = None,
+                     num_heads: int | None = None, normalization: str = "magnitude") -> torch.Tensor:
+    "Algorithm 1's statistic: (blocks, layers) mean over channels x heads of the links min-max normalised over all links."
     if normalization not in LINK_NORMALIZATIONS:
         raise ValueError(f"normalization={normalization!r}: choose one of {LINK_NORMALIZATIONS}")
     w, bc, h = _weight_and_structure(links, block_channels, num_heads)
@@ -260,8 +260,12 @@ def select_links(links: AttentionLinks | torch.Tensor, theta: float = 0.05, bloc
     lo, hi = v.min(), v.max()
     if not hi > lo:
         raise ValueError(f"select_links: all links are equal ({float(lo)}); nothing to rank (was the link trained?)")
-    v = (v - lo) / (hi - lo)
-    return _pair_means(v.abs(), bc, h) > theta
+    return _pair_means(((v - lo) / (hi - lo)).abs(), bc, h)
+
+def select_links(links: AttentionLinks | torch.Tensor, theta: float = 0.05, block_channels: Sequence[int] | None = None,
+                 num_heads: int | None = None, normalization: str = "magnitude") -> torch.Tensor:
+    "Algorithm 1: bool (blocks, layers) mask of pairs whose `link_pair_scores` is > `theta`."
+    return link_pair_scores(links, block_channels, num_heads, normalization) > theta
 
 # %% ../nbs/12_aal.ipynb #22de14a0
 def aal_loss(augmented: torch.Tensor, cnn_maps: torch.Tensor) -> torch.Tensor:
@@ -327,6 +331,19 @@ def _teacher_stats(teacher: nn.Module, teacher_mean, teacher_std, student_mean, 
         _stats(v, n)
     return t_mean, t_std
 
+def _teacher_input(x: torch.Tensor, student_mean, student_std, t_mean, t_std, teacher_size: int | None) -> torch.Tensor:
+    "The student's batch as the teacher sees it: renormalised, and bilinearly resized to `teacher_size` if given."
+    xt = renormalize(x, student_mean, student_std, t_mean, t_std)
+    if teacher_size is not None and tuple(xt.shape[-2:]) != (teacher_size, teacher_size):
+        xt = F.interpolate(xt, size=(teacher_size, teacher_size), mode="bilinear", align_corners=False)
+    return xt
+
+def _check_teacher_size(teacher_size, who: str):
+    if teacher_size is not None and (isinstance(teacher_size, bool) or not isinstance(teacher_size, int) or teacher_size < 8):
+        raise ValueError(f"{who}: teacher_size={teacher_size!r}; pass None (the student's input size) or an int >= 8 "
+                         "(e.g. 128 for an ImageNet CNN given 32-64 px images)")
+    return teacher_size
+
 def _teacher_block_names(teacher: nn.Module, teacher_blocks: Sequence[str | int] | None) -> list[str]:
     "Teacher block names from names or indices into `block_names(teacher)` (all blocks when None)."
     all_blocks = block_names(teacher)
@@ -347,30 +364,32 @@ def aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Sequence[
                lam: float = 2000.0, gamma: float = 0.99, gamma_last_third: float = 0.98, epochs: int = 300,
                links: str | torch.Tensor | np.ndarray = "full", student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
                teacher_mean=None, teacher_std=None, ce_weight=1.0, extra_terms: Sequence[LossTerm] = (),
-               name: str = "aal") -> Method:
-    "AAL as a `Method`: CE + lambda(epoch) * L_att through trainable `AttentionLinks`, plus `extra_terms`."
+               name: str = "aal", teacher_size: int | None = None) -> Method:
+    """AAL as a `Method`: CE + lambda(epoch) * L_att through trainable `AttentionLinks`, plus `extra_terms`.
+    `teacher_size`: the teacher sees the batch bilinearly resized to this size (None: as the student sees it)."""
     lay = vit_map_layout(student)
     return _links_method(student, teacher, teacher_blocks, lay["depth"], lay["heads"], lay["grid"],
                          lambda maps: cls_attention_maps(maps, lay["grid"], lay["prefix_tokens"]), links, lam, gamma,
                          gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std, ce_weight,
-                         extra_terms, name, "aal_method")
+                         extra_terms, name, "aal_method", teacher_size)
 
 def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads: int, grid: int, vit_maps: Callable,
                   links, lam, gamma, gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std,
-                  ce_weight, extra_terms, name: str, who: str) -> Method:
+                  ce_weight, extra_terms, name: str, who: str, teacher_size: int | None = None) -> Method:
     "The AAL `Method` shared by ViT and PiT students: `vit_maps(captured CLS rows)` -> (B, link_layers*link_heads, grid, grid)."
     t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, who)
+    teacher_size = _check_teacher_size(teacher_size, who)
     names = _teacher_block_names(teacher, teacher_blocks)
     teacher.eval().requires_grad_(False)
-    channels = cnn_block_channels(teacher, names, tuple(student.patch_embed.img_size))
+    channels = cnn_block_channels(teacher, names, teacher_size or tuple(student.patch_embed.img_size))
     link_mod = AttentionLinks(channels, link_layers, link_heads, links)
 
     def before_forward(ctx: StepContext) -> None:
         if teacher.training:
             raise RuntimeError("the AAL teacher was switched to train mode; it must stay in eval mode (frozen BN)")
         with torch.no_grad():
-            xt = renormalize(ctx.x, student_mean, student_std, t_mean, t_std)
-            out, maps = teacher_block_maps(teacher, xt, names, grid)
+            out, maps = teacher_block_maps(teacher, _teacher_input(ctx.x, student_mean, student_std, t_mean, t_std,
+                                                                   teacher_size), names, grid)
         ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
         ctx.cnn_maps = torch.cat(maps, dim=1)
 
@@ -397,7 +416,7 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
              LossTerm("aal", aal_term, aal_lambda_schedule(epochs, lam, gamma, gamma_last_third)), *extra_terms]
     method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, frozen_modules={"teacher": teacher},
                     before_forward=before_forward, forward=forward, on_epoch_end=on_epoch_end)
-    method.teacher_blocks, method.block_channels = names, channels
+    method.teacher_blocks, method.block_channels, method.teacher_size = names, channels, teacher_size
     return method
 
 _LINK_KEY = re.compile(r"^aal_link_b(\d+)_l(\d+)$")
@@ -448,13 +467,13 @@ def pit_aal_method(student: nn.Module, teacher: nn.Module, teacher_blocks: Seque
                    lam: float = 2000.0, gamma: float = 0.99, gamma_last_third: float = 0.98, epochs: int = 300,
                    links: str | torch.Tensor | np.ndarray = "full", student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
                    teacher_mean=None, teacher_std=None, ce_weight=1.0, extra_terms: Sequence[LossTerm] = (),
-                   name: str = "pit_aal") -> Method:
+                   name: str = "pit_aal", teacher_size: int | None = None) -> Method:
     "AAL for a PiT student: all stages' CLS maps on the first-stage grid, linked (default: fully) to every CNN channel."
     lay = pit_map_layout(student)
     return _links_method(student, teacher, teacher_blocks, lay["num_maps"], 1, lay["grid"],
                          lambda maps: pit_cls_attention_maps(maps, lay["grid"], lay["prefix_tokens"]), links, lam, gamma,
                          gamma_last_third, epochs, student_mean, student_std, teacher_mean, teacher_std, ce_weight,
-                         extra_terms, name, "pit_aal_method")
+                         extra_terms, name, "pit_aal_method", teacher_size)
 
 # %% ../nbs/12_aal.ipynb #5e051084
 def imagenet_class_index(classes: Sequence[str]) -> list[int]:
@@ -491,15 +510,18 @@ def restrict_to_classes(teacher: nn.Module, classes: Sequence[str]) -> nn.Module
 
 def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, teacher_std=None, ce_weight=0.5,
                    dist_weight=0.5, T: float = 3.0, student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD,
-                   name: str | None = None) -> Method:
-    "DeiT label distillation (hard or soft) from a frozen `teacher` through a DeiT student's distillation token, without AAL."
+                   name: str | None = None, teacher_size: int | None = None) -> Method:
+    """DeiT label distillation (hard or soft) from a frozen `teacher` through a DeiT student's distillation token, without
+    AAL. `teacher_size`: the teacher sees the batch bilinearly resized to this size (None: as the student sees it)."""
     dist_term = deit_distillation_term(kind, dist_weight, T)
     t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "distill_method")
+    teacher_size = _check_teacher_size(teacher_size, "distill_method")
     teacher.eval().requires_grad_(False)
 
     def before_forward(ctx: StepContext) -> None:
         with torch.no_grad():
-            ctx.teacher_logits = teacher(renormalize(ctx.x, student_mean, student_std, t_mean, t_std)).float()
+            ctx.teacher_logits = teacher(_teacher_input(ctx.x, student_mean, student_std, t_mean, t_std,
+                                                        teacher_size)).float()
 
     def forward(ctx: StepContext) -> None:
         ctx.out = ctx.train_model(ctx.x)
@@ -514,12 +536,12 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
 # %% ../nbs/12_aal.ipynb #0874f7c8
 from scipy.stats import spearmanr
 
-from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, less, untestable
+from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, less, paired_difference, untestable
 
 NO_SEED_SPREAD = "one seed and no measured seed spread in this regime"
 
 CLAIM_TEXTS = {
-    "1_low_data": "AAL beats DeiT distillation and ConViT at 5-30 % data, the gap shrinking as data grows",
+    "1_low_data": "AAL beats {baselines} at {low} % data, the gap shrinking as data grows",
     "2_selective": "Selective links beat full links at low data ({low} %)",
     "3_cifar": "On CIFAR-10 AAL beats soft and hard label distillation (both augmentations), and AAL + hard "
                "distillation is best with weak augmentation",
@@ -535,15 +557,23 @@ def _without_spread(arms: Sequence[Arm]) -> Verdict | None:
     which = ", ".join(bare) if len(bare) <= 3 else f"{len(bare)} rows: {', '.join(bare[:2])}, ..."
     return untestable(f"{NO_SEED_SPREAD} ({which})") if bare else None
 
+def _diff(a: Arm, b: Arm, label: str, hits: Mapping[str, Sequence] | None):
+    "`a - b`, paired on the test images (`paired_difference`) when `hits` holds both arms' per-seed hits (by arm name)."
+    if hits and hits.get(a.name) is not None and hits.get(b.name) is not None:
+        return paired_difference(a, b, hits[a.name], hits[b.name], label)
+    return difference(a, b, label)
+
 def claim_beats_baselines_at_low_data(aal: Mapping[int, Arm], baselines: Mapping[str, Mapping[int, Arm]],
-                                      low: Sequence[int]) -> Verdict:
+                                      low: Sequence[int], hits: Mapping[str, Sequence] | None = None) -> Verdict:
     """Claim 1 (Table 2): AAL's top-1 exceeds each baseline's at every fraction in `low`, and its gain over each
-    baseline is larger at the smallest fraction than at the largest. `aal`, `baselines[name]`: fraction -> Arm."""
+    baseline is larger at the smallest fraction than at the largest. `aal`, `baselines[name]`: fraction -> Arm.
+    `hits` (optional, by arm name): per-seed per-image hits (`pack_correct`); a difference of two arms that both
+    have them is paired on the shared test set."""
     fr = sorted(aal)
     if len(fr) < 2: raise ValueError(f"claim 1 needs at least two fractions, got {fr}")
     if (u := _without_spread([*aal.values(), *(a for b in baselines.values() for a in b.values())])): return u
     lo, hi = fr[0], fr[-1]
-    parts = [greater(difference(aal[f], b[f], f"AAL - {name} at {f} %")) for name, b in baselines.items() for f in low]
+    parts = [greater(_diff(aal[f], b[f], f"AAL - {name} at {f} %", hits)) for name, b in baselines.items() for f in low]
     parts += [greater(contrast([(1, aal[lo]), (-1, b[lo]), (-1, aal[hi]), (1, b[hi])],
                                f"(AAL - {name}) at {lo} % minus at {hi} %")) for name, b in baselines.items()]
     return all_of(parts)
@@ -565,13 +595,15 @@ def claim_selective_beats_full(full: Mapping[int, Arm], selective: Mapping[int, 
 
 T5_AAL, T5_SOFT, T5_HARD, T5_AAL_HARD = "CE + AAL", "CE + Soft Distillation", "CE + Hard Distillation", "CE + AAL + Hard Dist."
 
-def claim_cifar_aal_beats_label_distillation(top1: Mapping[str, Mapping[str, Arm]]) -> Verdict:
+def claim_cifar_aal_beats_label_distillation(top1: Mapping[str, Mapping[str, Arm]],
+                                             hits: Mapping[str, Sequence] | None = None) -> Verdict:
     """Claim 3 (Table 5): `top1[augmentation][method]` with Table 5's method names. AAL beats soft and hard
-    distillation under every augmentation, and AAL + hard distillation beats every other method under 'weak'."""
+    distillation under every augmentation, and AAL + hard distillation beats every other method under 'weak'.
+    `hits` as in `claim_beats_baselines_at_low_data` (paired differences)."""
     if (u := _without_spread([a for t in top1.values() for a in t.values()])): return u
-    parts = [greater(difference(t[T5_AAL], t[o], f"{aug}: AAL - {o}")) for aug, t in top1.items() for o in (T5_SOFT, T5_HARD)]
+    parts = [greater(_diff(t[T5_AAL], t[o], f"{aug}: AAL - {o}", hits)) for aug, t in top1.items() for o in (T5_SOFT, T5_HARD)]
     w = top1["weak"]
-    parts += [greater(difference(w[T5_AAL_HARD], w[o], f"weak: AAL + hard - {o}")) for o in w if o != T5_AAL_HARD]
+    parts += [greater(_diff(w[T5_AAL_HARD], w[o], f"weak: AAL + hard - {o}", hits)) for o in w if o != T5_AAL_HARD]
     return all_of(parts)
 
 # %% ../nbs/12_aal.ipynb #bc63ca42

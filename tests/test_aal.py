@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 
 from attnrepro.aal import (AttentionLinks, aal_decay_rates, aal_lambda_schedule, aal_loss, aal_method, aal_param_count,
                            cls_attention_maps, cnn_block_channels, deit_distillation_term, link_history,
-                           link_magnitudes, link_mask, paper_link_mask, renormalize, select_links,
+                           link_magnitudes, link_mask, link_pair_scores, paper_link_mask, renormalize, select_links,
                            teacher_block_maps, vit_map_layout)
 from attnrepro.attention import AttentionCapture
 from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
@@ -172,6 +172,30 @@ def test_select_links_hand():
     assert (al.link_weight()[:2, 2:] == 0).all() and (al.link_weight()[2, :2] == 0).all()
 
 
+def test_link_pair_scores_hand():
+    # Algorithm 1's statistic on W_HAND: |w| / max|w| = |w| / 2 (min |w| = 0), averaged over each pair's channels x heads
+    torch.testing.assert_close(link_pair_scores(W_HAND, [2, 1], 2), torch.tensor([[0.375, 0.00375], [0.0, 0.75]]))
+    # signed min-max over [-2, 1]: (w + 2) / 3, then the pair means (0 maps to 2/3: nothing falls near 0.05)
+    torch.testing.assert_close(link_pair_scores(W_HAND, [2, 1], 2, "signed"),
+                               torch.tensor([[(3 + 1 + 2.5 + 2.5) / 12, (2 + 2.01 + 2.02 + 2) / 12], [2 / 3, (0 + 3) / 6]]))
+    with pytest.raises(ValueError, match="normalization"):
+        link_pair_scores(W_HAND, [2, 1], 2, "median")
+    with pytest.raises(ValueError, match="all links are equal"):
+        link_pair_scores(torch.ones(3, 4), [2, 1], 2)
+
+
+def test_algorithm1_keeps_every_pair_of_a_random_init():
+    # U(-b, b) links: |w| / max|w| has mean ~1/2 in every pair, 10x theta = 0.05; nothing can be cut until training
+    # has shrunk a pair's links below 5 % of the largest link (why the selection cannot select at the mini scale)
+    torch.manual_seed(0)
+    al = AttentionLinks([16, 32, 64], num_layers=6, num_heads=3)
+    sc = link_pair_scores(al)
+    assert sc.shape == (3, 6) and sc.min() > 0.35 and sc.max() < 0.65 and select_links(al, 0.05).all()
+    with torch.no_grad():
+        al.conv.weight[:16, 3:6] *= 0.04                      # block 1 x layer 2 shrunk to 4 % of the others
+    assert (~select_links(al, 0.05)).nonzero().tolist() == [[0, 1]]
+
+
 # --- loss (Eq. 5) and schedule ---------------------------------------------------------------------------------
 
 def test_aal_loss_golden_numpy():
@@ -229,8 +253,8 @@ def test_decay_ablation_variants_differ(epochs, decay):
 
 def test_decay_ablation_differs_at_the_mini_profile():
     P = load_profile("aal", "mini")
-    a, fd = P["aal"], P["ablation"]["decay_fraction"]
-    epochs = P["imagenet_proxy"]["fractions"][fd]["epochs"]
+    a = P["aal"]
+    epochs = P["regimes"][P["ablation"]["decay_regime"]]["epochs"]
     # the notebook's variant: gamma_last_third = gamma ("fixed 0.99"); the final model: the profile's rates
     final = lambdas(epochs, lam=a["lam"], **dict(zip(("gamma", "gamma_last_third"), aal_decay_rates(
         epochs, a["gamma"], a["gamma_last_third"], a["lambda_decay"], a["ref_epochs"]))))
@@ -436,6 +460,39 @@ def test_distill_method_errors():
     method = distill_method(cifar_resnet(20).eval(), "hard", IMAGENET_MEAN, IMAGENET_STD)
     with pytest.raises(ValueError, match="deit"):
         one_step(method, tiny("vit"))                         # no distillation token
+
+
+@pytest.mark.parametrize("size", [64, 96])
+def test_teacher_size_upsamples_the_teachers_input(size):
+    # an ImageNet CNN cannot see 32 px: teacher_size feeds it the batch upsampled (bilinear), the student is unchanged
+    teacher = cifar_resnet(20).eval()
+    seen = []
+    hook = teacher.register_forward_pre_hook(lambda m, a: seen.append(tuple(a[0].shape[-2:])))
+    method = aal_method(tiny(), teacher, epochs=1, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD, teacher_size=size)
+    seen.clear()
+    ctx, x, _ = one_step(method, tiny())
+    up = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
+    hook.remove()
+    _, ref = teacher_block_maps(teacher, up, grid=(4, 4))
+    assert seen == [(size, size)] and method.teacher_size == size
+    torch.testing.assert_close(ctx.cnn_maps, torch.cat(ref, 1))
+    dm = distill_method(teacher, "hard", IMAGENET_MEAN, IMAGENET_STD, teacher_size=size)
+    dctx, dx, _ = one_step(dm, deit_student())
+    with torch.no_grad():
+        torch.testing.assert_close(dctx.teacher_logits, teacher(torch.nn.functional.interpolate(
+            dx, size=(size, size), mode="bilinear", align_corners=False)))
+
+
+def test_teacher_size_errors_and_default():
+    for bad in (4, 64.0, True, "128"):
+        with pytest.raises(ValueError, match="teacher_size"):
+            aal_method(tiny(), cifar_resnet(20), teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD, teacher_size=bad)
+        with pytest.raises(ValueError, match="teacher_size"):
+            distill_method(cifar_resnet(20), "hard", IMAGENET_MEAN, IMAGENET_STD, teacher_size=bad)
+    teacher = cifar_resnet(20).eval()
+    ctx, x, _ = one_step(aal_method(tiny(), teacher, epochs=1, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD), tiny())
+    _, ref = teacher_block_maps(teacher, x, grid=(4, 4))       # None: the teacher sees the student's 32 px batch
+    torch.testing.assert_close(ctx.cnn_maps, torch.cat(ref, 1))
 
 
 def test_imagenet_class_index_and_class_subset():

@@ -146,3 +146,44 @@ def table_c(method: str) -> dict:
 def test_claim6_wsol_holds_on_table_c():
     assert claim_localises_better(table_c("AAL"), table_c("DeiT")).verdict == "holds"
     assert claim_localises_better(table_c("DeiT"), table_c("AAL")).verdict == "does not hold"
+
+
+# --- paired differences (per-image hits) ---------------------------------------------------------------------
+
+def _hits_arms(n=500, seed=0):
+    "Two arms of 3 seeds scored on one test set: AAL gets right what CE did, and some more."
+    from attnrepro.verdicts import pack_correct
+    rng = np.random.default_rng(seed)
+    ce = rng.random((3, n)) < 0.45
+    aal = ce | (rng.random((3, n)) < 0.1)
+    A, C = arm(100 * aal.mean(1), "AAL 5 %", n_test=n), arm(100 * ce.mean(1), "CE 5 %", n_test=n)
+    return A, C, {"AAL 5 %": [pack_correct(h) for h in aal], "CE 5 %": [pack_correct(h) for h in ce]}
+
+
+def test_claim1_pairs_the_arms_that_carry_hits():
+    from attnrepro.verdicts import difference, paired_difference
+    A, C, hits = _hits_arms()
+    sd, df = pooled_sd([A, C])
+    big = {50: arm([60.0], "AAL 50 %", n_test=500, sd_seed=sd, sd_df=df)}, {50: arm([58.0], "CE 50 %", n_test=500, sd_seed=sd, sd_df=df)}
+    args = ({5: A, **big[0]}, {"CE": {5: C, **big[1]}}, [5])
+    vp, vu = claim_beats_baselines_at_low_data(*args, hits=hits), claim_beats_baselines_at_low_data(*args)
+    p, u = paired_difference(A, C, hits["AAL 5 %"], hits["CE 5 %"]), difference(A, C)
+    assert f"[{p.ci_low:+.2f}, {p.ci_high:+.2f}]" in vp.statement and "paired on test n=500" in vp.statement
+    assert f"[{u.ci_low:+.2f}, {u.ci_high:+.2f}]" in vu.statement and "paired" not in vu.statement
+    assert p.se < u.se      # the shared test images cancel: a paired interval is tighter
+    # an arm without hits stays unpaired even when the other has them
+    v = claim_beats_baselines_at_low_data(*args, hits={"AAL 5 %": hits["AAL 5 %"]})
+    assert "paired" not in v.statement
+
+
+def test_claim3_pairs_the_arms_that_carry_hits():
+    A, C, hits = _hits_arms(seed=1)
+    t = {aug: {m: arm(a.values, f"{m} ({aug})", n_test=500, sd_seed=1.0, sd_df=10) for m, a in d.items()}
+         for aug, d in table5().items()}
+    t["weak"][T5_AAL] = arm(A.values, f"{T5_AAL} (weak)", n_test=500)
+    t["weak"]["CE + Hard Distillation"] = arm(C.values, "CE + Hard Distillation (weak)", n_test=500)
+    h = {f"{T5_AAL} (weak)": hits["AAL 5 %"], "CE + Hard Distillation (weak)": hits["CE 5 %"]}
+    v = claim_cifar_aal_beats_label_distillation(t, h)
+    assert "weak: AAL - CE + Hard Distillation" in v.statement
+    part = v.statement.split("weak: AAL - CE + Hard Distillation")[1].split("->")[0]
+    assert "paired on test n=500" in part

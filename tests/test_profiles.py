@@ -164,3 +164,36 @@ def test_attention_transfer_paper_profile_encodes_each_methods_recipe():
     assert P["recipes"][mr["finetune"]]["layer_decay"] == 0.75
     assert {"mae", "dino", "mocov3", "flip", "mae_b", "mae_h"} <= set(P["teachers"])
     assert {v["teacher"] for v in P["model_sizes"].values()} <= set(P["teachers"])
+
+def test_aal_mini_reuses_the_pilots_committed_ce_runs():
+    """aal's mini sweep lists the pilot's CE runs it reuses by hash (the notebook asserts its own configs hash to them):
+    each is committed, and its recorded config is the one the profile describes (the sweep's regime, the CIFAR student,
+    the profile's optimiser, evaluated once), so the re-run trains none of them again."""
+    from attnrepro.core import config_hash
+    P = profiles("aal")["mini"]
+    sw = P["sweep"]
+    assert sw["reuse"], "aal mini lists no reused runs"
+    for r in sw["reuse"]:
+        R = P["regimes"][sw["fractions"][r["fraction"]]]
+        assert r["arm"] == "ce" and not (r["fraction"] == sw["curve"]["fraction"] and "ce" in sw["curve"]["arms"])
+        assert r["seeds"] == sw["arm_seeds"]["ce"][r["fraction"]] and len(r["hashes"]) == len(r["seeds"])
+        train = {k: v for k, v in P["train"].items() if k != "warmup_frac"}
+        for seed, h in zip(r["seeds"], r["hashes"]):
+            want = dict(table=R["tag"], data=R["data"], augment=R["augment"], arch=P[sw["student"]], method={"kind": "ce"},
+                        probes=None, train=dict(train, epochs=R["epochs"], eval_every=R["epochs"], seed=seed,
+                                                warmup_epochs=round(P["train"]["warmup_frac"] * R["epochs"], 3)))
+            rec = json.loads((ROOT / "outputs" / "aal" / "runs" / f"{h}.json").read_text())
+            assert rec["hash"] == h == config_hash(rec["config"]) == config_hash(want), (seed, h)
+
+
+def test_aal_paper_profile_encodes_table3_batch_and_table_e_epochs():
+    "Table 3 at batch 1024 at every fraction ('we maintain batch size 1024'), Table 2 at 512 for 5 / 10 %, Table E 240 epochs."
+    P = profiles("aal")["paper"]
+    reg, sw = P["regimes"], P["sweep"]
+    batch = lambda name: reg[name].get("batch_size", P["train"]["batch_size"])
+    assert {f: batch(r) for f, r in sw["fractions"].items()} == {5: 512, 10: 512, 30: 1024, 50: 1024, 100: 1024}
+    t3 = {f: P["table3"]["fractions"].get(f, r) for f, r in sw["fractions"].items()}
+    assert {batch(r) for r in t3.values()} == {1024}
+    assert all(reg[t3[f]]["data"] == reg[sw["fractions"][f]]["data"] for f in t3)   # same subsets as Table 2
+    assert reg[P["table_e"]["regime"]]["epochs"] == 240 and reg[P["table_e"]["regime"]]["data"]["fraction"] == 0.05
+    assert batch(P["ablation"]["lambda_regime"]) == 1024   # its lambda-2000 row is Table 3's selective 10 %
