@@ -165,6 +165,7 @@ def test_attention_transfer_paper_profile_encodes_each_methods_recipe():
     assert {"mae", "dino", "mocov3", "flip", "mae_b", "mae_h"} <= set(P["teachers"])
     assert {v["teacher"] for v in P["model_sizes"].values()} <= set(P["teachers"])
 
+
 def test_aal_mini_reuses_the_pilots_committed_ce_runs():
     """aal's mini sweep lists the pilot's CE runs it reuses by hash (the notebook asserts its own configs hash to them):
     each is committed, and its recorded config is the one the profile describes (the sweep's regime, the CIFAR student,
