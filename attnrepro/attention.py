@@ -20,7 +20,7 @@ from timm.models.vision_transformer import VisionTransformer
 # %% auto #0
 __all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
            'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps', 'forward_until',
-           'AttentionOverride']
+           'require_vit', 'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
 SUPPORTED_ATTENTION = (Attention, GPSA, MHSA)
@@ -305,6 +305,20 @@ def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.T
     for blk in model.blocks[:last_block + 1]:
         x = blk(x)
     return x
+
+
+# %% ../nbs/02_attention.ipynb #e9262d9c
+def require_vit(model: nn.Module, who: str, *, class_token: bool = False, single_prefix: bool = False) -> VisionTransformer:
+    """`model` (unwrapped from DDP / DataParallel) when it is a timm VisionTransformer with what `who` needs (a class
+    token; exactly one prefix token, i.e. no distillation or register tokens), else a TypeError naming `who`."""
+    m = _unwrap(model)
+    need = [w for w, on in (("a class token", class_token), ("exactly one prefix token", single_prefix)) if on]
+    ok = (isinstance(m, VisionTransformer) and (not class_token or m.cls_token is not None)
+          and (not single_prefix or m.num_prefix_tokens == 1))
+    if not ok:
+        raise TypeError(f"{who}: expected a timm VisionTransformer" + (f" with {' and '.join(need)}" if need else "")
+                        + f" (attnrepro.models.create_student(arch='vit') builds one), got {type(m).__name__}")
+    return m
 
 
 # %% ../nbs/02_attention.ipynb #56300c95

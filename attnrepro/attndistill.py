@@ -5,6 +5,7 @@
 # %% ../nbs/16_attndistill.ipynb #d7f9d25a
 from __future__ import annotations
 import math
+from functools import partial
 from collections.abc import Sequence
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture
+from .attention import AttentionCapture, require_vit
 from .losses import feature_mse_loss
 from .models import describe_model
 from .train import LossTerm, Method, StepContext
@@ -193,12 +194,7 @@ def compress_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.T
                     log_target=True)
 
 # %% ../nbs/16_attndistill.ipynb #d2008c92
-def _vit(model: nn.Module, who: str) -> VisionTransformer:
-    m = model.module if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)) else model
-    if not isinstance(m, VisionTransformer) or m.cls_token is None or m.num_prefix_tokens != 1:
-        raise TypeError(f"attndistill: the {who} must be a timm VisionTransformer with exactly one class token "
-                        f"(create_student(arch='vit')), got {type(m).__name__}")
-    return m
+_vit = partial(require_vit, class_token=True, single_prefix=True)   # the CLS row is what it distils
 
 def layer_pairs(student_depth: int, teacher_depth: int, attn_layers: str = "last") -> list[tuple[int, int]]:
     "(student block, teacher block) pairs of the attention loss: the last blocks, or every student block ('all')."

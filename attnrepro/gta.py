@@ -5,6 +5,7 @@
 # %% ../nbs/15_gta.ipynb #6fb6b5a9
 from __future__ import annotations
 import copy, dataclasses, math
+from functools import partial
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -15,7 +16,7 @@ from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
-from .attention import forward_until
+from .attention import forward_until, require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, ce_loss
@@ -39,11 +40,7 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     src.requires_grad_(False)
     return src
 
-def _vit(model: nn.Module, who: str) -> nn.Module:
-    if not hasattr(model, "blocks") or not hasattr(model, "reset_classifier") or getattr(model, "cls_token", None) is None:
-        raise TypeError(f"{who}: expected a timm VisionTransformer with a class token and `blocks`, got "
-                        f"{type(model).__name__}")
-    return model
+_vit = partial(require_vit, class_token=True)
 
 def set_drop_path(model: nn.Module, rate: float) -> nn.Module:
     "Stochastic depth with timm's linear rule (block i of L gets `rate * i / (L - 1)`), in place."

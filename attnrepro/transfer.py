@@ -15,7 +15,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import (AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
-from .attention import forward_until
+from .attention import forward_until, require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_loss, feature_mse_loss
 from .models import create_student
@@ -57,11 +57,7 @@ def _drop_paths(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
             out.append((b, name, getattr(b, name)))
     return out
 
-def _vit(model: nn.Module, who: str) -> VisionTransformer:
-    m = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-    if not isinstance(m, VisionTransformer):
-        raise TypeError(f"{who}: expected a timm VisionTransformer, got {type(m).__name__}")
-    return m
+_vit = require_vit
 
 def _follow(teacher: nn.Module, student: nn.Module) -> nn.Module:
     "Move the frozen `teacher` to `student`'s device if it is elsewhere (`fit` moves only the model and extra modules)."
