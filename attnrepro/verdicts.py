@@ -211,17 +211,9 @@ def paired_difference(a: Arm, b: Arm, correct_a, correct_b, label: str = "", lev
     if A.shape[1] != B.shape[1]:
         raise ValueError(f"paired_difference: {a.name!r} was scored on {A.shape[1]} images, {b.name!r} on {B.shape[1]}: "
                          "a paired comparison needs the same test set")
-    for arm_, H in ((a, A), (b, B)):
-        if len(H) != arm_.n or not np.allclose(100 * H.mean(1), arm_.values, atol=0.01):
-            raise ValueError(f"paired_difference: the hits of {arm_.name!r} ({np.round(100 * H.mean(1), 2).tolist()}) do "
-                             f"not match its values {list(arm_.values)}: pass them seed by seed, in the same order")
-    a0, b0 = (Arm(x.values, x.name, None, x.sd_seed, x.sd_df) for x in (a, b))   # test noise comes from the pairs
-    seed_only = difference(a0, b0, label or f"{a.name} - {b.name}", level)
-    test_var = 1e4 * float(np.var(A.mean(0) - B.mean(0), ddof=1)) / A.shape[1]
-    seed_var = seed_only.se ** 2
-    df = math.inf if seed_var == 0 else seed_only.df * (seed_var + test_var) ** 2 / seed_var ** 2
-    return Estimate(seed_only.label, seed_only.effect, math.sqrt(seed_var + test_var), df,
-                    f"{seed_only.n}, paired on test n={A.shape[1]}", level)
+    # the arms with their hits: `difference` then pairs the test-set term (Arm validates the hits against the values)
+    ah, bh = (Arm(x.values, x.name, None, x.sd_seed, x.sd_df, hits=H) for x, H in ((a, A), (b, B)))
+    return difference(ah, bh, label or f"{a.name} - {b.name}", level)
 
 # %% ../nbs/17_verdicts.ipynb #4d8ee0cb
 @dataclass
