@@ -17,7 +17,7 @@ from torch import nn
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import forward_until, AttentionCapture, AttentionOverride, attention_blocks
-from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, seed_everything
+from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, git_commit, seed_everything
 from .losses import attention_distillation_loss, gta_loss
 from .models import create_student
 
@@ -309,7 +309,7 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
                     distilled_blocks=f"{depth_k} of {cfg.depth}",
                     memory_definition=MEMORY_DEFINITIONS[torch.device(cfg.device).type] if memory else None,
                     date=datetime.date.today().isoformat(), machine=_machine(cfg.device),
-                    torch=torch.__version__, load_average=load)
+                    torch=torch.__version__, load_average=load, git_commit=git_commit())
     return df
 
 BENCH_COLUMNS = {  # column -> (header in format_bench, its definition in the caption)
@@ -362,7 +362,8 @@ def format_bench(df: pd.DataFrame) -> str:
         lines.append(f"memory: {df.attrs['memory_definition']}")
     lines.append(PAPER_REFERENCE_NOTE)
     if "date" in df.attrs:
-        lines.append(f"measured {df.attrs['date']} on {df.attrs['machine']}, torch {df.attrs['torch']}")
+        lines.append(f"measured {df.attrs['date']} on {df.attrs['machine']}, torch {df.attrs['torch']}"
+                     + (f", commit {df.attrs['git_commit']}" if df.attrs.get("git_commit") else ""))
     return "\n".join(lines)
 
 # %% ../nbs/10_bench.ipynb #eb44b999
@@ -435,7 +436,6 @@ class ThroughputConfig:
 
 def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
     "Images per second of the reference loop, `fit` on tensors and `fit` on the dataset pipeline (median of `repeats`)."
-    from attnrepro.core import git_commit
     from attnrepro.data import class_balanced_subset, get_dataset, train_transform
     from attnrepro.models import create_student
     from attnrepro.train import TrainConfig, fit
