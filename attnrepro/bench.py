@@ -18,7 +18,9 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import forward_until, AttentionCapture, AttentionOverride, attention_blocks
 from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, git_commit, seed_everything
-from .losses import attention_distillation_loss, gta_loss
+from .losses import gta_loss
+from .train import StepContext
+from .transfer import Distill, TeacherDistillMethod
 from .models import create_student
 
 # %% auto #0
@@ -119,6 +121,8 @@ def make_step(variant: str, student: nn.Module, teacher: nn.Module | None, opt: 
     k = depth if distill_layers is None else distill_layers
     if not 1 <= k <= depth:
         raise ValueError(f"distill_layers={distill_layers!r} must be in 1..{depth} (or None for all blocks)")
+    if variant == "distill":
+        distill = TeacherDistillMethod(teacher, [Distill("attn", tuple(range(k)))], ce_weight=0.0)
 
     def forward_loss(x, y):
         if variant == "plain":
@@ -133,12 +137,10 @@ def make_step(variant: str, student: nn.Module, teacher: nn.Module | None, opt: 
             with AttentionCapture(student, what=("logits",), cls_only=True) as cap:
                 out = student(x)
             return F.cross_entropy(out, y) + sum(gta_loss(s, tl, cls_row=True) for s, tl in zip(cap.logits, t))
-        if variant == "distill":
-            layers = list(range(k))
-            t = teacher_attention_logits(teacher, x, layers)
-            with AttentionCapture(student, layers, what=("logits",)) as cap:
-                out = student(x)
-            return F.cross_entropy(out, y) + sum(attention_distillation_loss(s, tl) for s, tl in zip(cap.logits, t))
+        if variant == "distill":   # the training path itself (attnrepro.transfer), not a re-implementation of it
+            ctx = StepContext(model=student, train_model=student, x=x)
+            distill.forward(ctx)
+            return F.cross_entropy(ctx.logits, y) + sum(t.weight * t.fn(ctx) for t in distill.terms)
         t = teacher_attention_logits(teacher, x)  # copy
         with AttentionOverride(student, source="logits") as ov:
             ov.set(t)
@@ -185,7 +187,8 @@ def time_steps(steps: dict[str, Callable[[], object]], warmup: int, n: int, devi
 # %% ../nbs/10_bench.ipynb #0e3de38b
 MEMORY_DEFINITIONS = {
     "cpu": ("peak MB = peak RSS (VmHWM) of the variant's own fresh process while building models+data+optimizer "
-            "and running warmup+2 steps, minus its RSS after imports"),
+            "and running warmup+2 steps, minus its RSS after imports; glibc's MALLOC_MMAP_THRESHOLD_=65536, so that "
+            "freed blocks leave the RSS)"),
     "cuda": "peak MB = torch.cuda.max_memory_allocated of the variant's own fresh process (warmup+2 steps)",
 }
 
@@ -228,6 +231,9 @@ def measure_memory(cfg: BenchConfig, variant: str, timeout: float = 600) -> dict
     code = ("import json, sys; from attnrepro.bench import _memory_probe; "
             "print(json.dumps(_memory_probe(json.loads(sys.argv[1]), sys.argv[2])))")
     env = dict(os.environ)  # the child imports this very package, wherever it lives
+    # glibc keeps freed heap pages and counts them in RSS: with big blocks mmap'ed (and returned when freed) the peak
+    # RSS is the peak of live memory, not of what the allocator happened to keep (distill read 1.31x plain without it)
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")
     env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent)] + [p for p in [env.get("PYTHONPATH")] if p])
     r = subprocess.run([sys.executable, "-c", code, canonical_json(cfg), variant], capture_output=True,
                        text=True, env=env, timeout=timeout)

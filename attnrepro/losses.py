@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['FEATURE_NORMALIZATIONS', 'attention_distillation_loss', 'gta_loss', 'kd_loss', 'deit_hard_distillation_loss',
-           'feature_mse_loss', 'Schedule', 'constant', 'exp_decay', 'piecewise_exp_decay', 'exp_decay_schedule',
-           'linear_decay', 'step_schedule']
+__all__ = ['FEATURE_NORMALIZATIONS', 'attention_distillation_loss', 'attention_distillation_from_qk', 'gta_loss', 'kd_loss',
+           'deit_hard_distillation_loss', 'feature_mse_loss', 'Schedule', 'constant', 'exp_decay',
+           'piecewise_exp_decay', 'exp_decay_schedule', 'linear_decay', 'step_schedule']
 
 # %% ../nbs/04_losses.ipynb #c2f4ac51
 def _check_pair(name: str, s: torch.Tensor, t: torch.Tensor, ndim: int | None, layout: str) -> None:
@@ -40,6 +40,47 @@ def attention_distillation_loss(student_logits: torch.Tensor, teacher_logits: to
                          f"{tuple(student_logits.shape)}")
     s, t = _student_teacher(student_logits, teacher_logits)
     return -(t.softmax(-1) * s.log_softmax(-1)).sum(-1).mean()
+
+# %% ../nbs/04_losses.ipynb #ca3286e4
+def _qk_logits(qf, kf, scale, scale_first):
+    return (qf * scale) @ kf.transpose(-2, -1) if scale_first else (qf @ kf.transpose(-2, -1)) * scale
+
+class _AttnDistillQK(torch.autograd.Function):
+    # keeps q and k (the attention's own saved inputs: no new memory) and the teacher's logits; the N x N
+    # student logits are recomputed in the backward, one block at a time
+    @staticmethod
+    def forward(ctx, q, k, teacher_logits, scale, scale_first):
+        t = teacher_logits.detach()
+        ctx.save_for_backward(q, k, t)
+        ctx.scale, ctx.scale_first = scale, scale_first
+        log_p = _qk_logits(q.float(), k.float(), scale, scale_first).log_softmax(-1)
+        return -(t.float().softmax(-1) * log_p).sum(-1).mean()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, t = ctx.saved_tensors
+        qf, kf = q.float(), k.float()
+        s = _qk_logits(qf, kf, ctx.scale, ctx.scale_first)
+        B, H, N, _ = s.shape
+        g = s.softmax(-1).sub_(t.float().softmax(-1)).mul_(grad_out / (B * H * N))   # d loss / d logits, row by row
+        del s
+        if ctx.scale_first: gq, gk = (g @ kf) * ctx.scale, g.transpose(-2, -1) @ (qf * ctx.scale)
+        else: gq, gk = (g @ kf) * ctx.scale, (g.transpose(-2, -1) @ qf) * ctx.scale
+        return gq.to(q.dtype), gk.to(k.dtype), None, None, None
+
+def attention_distillation_from_qk(q: torch.Tensor, k: torch.Tensor, teacher_logits: torch.Tensor, scale: float,
+                                   scale_first: bool = True) -> torch.Tensor:
+    """`attention_distillation_loss` of the student logits `(q * scale) @ k^T` (timm's op order; `scale_first=False`:
+    `(q @ k^T) * scale`, ConViT's MHSA), from the student's (B,H,N,d) queries and keys: the logits are recomputed in
+    the backward from the kept q and k, so no student (B,H,N,N) tensor outlives the call."""
+    if q.ndim != 4 or k.shape != q.shape:
+        raise ValueError(f"attention_distillation_from_qk: q and k must be (B, H, N, head_dim) of one shape, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    B, H, N, _ = q.shape
+    if tuple(teacher_logits.shape) != (B, H, N, N):
+        raise ValueError(f"attention_distillation_from_qk: teacher logits must be (B, H, N, N) = {(B, H, N, N)}, got "
+                         f"{tuple(teacher_logits.shape)}")
+    return _AttnDistillQK.apply(q, k, teacher_logits, float(scale), bool(scale_first))
 
 # %% ../nbs/04_losses.ipynb #1d21f487
 def gta_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, cls_row: bool = False,

@@ -5,19 +5,20 @@
 # %% ../nbs/14_transfer.ipynb #ff2d6754
 from __future__ import annotations
 import contextlib, copy, dataclasses
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from timm.layers import DropPath
+from timm.layers import Attention, DropPath
+from timm.models.convit import MHSA
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import (AttentionCapture, AttentionOverride, _resolve_layers, attention_blocks,
+from .attention import (AttentionCapture, AttentionOverride, _attn_logits, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
 from .attention import forward_until, require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
-from .losses import attention_distillation_loss, feature_mse_loss
+from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
 from .train import LossTerm, Method, StepContext, ce_term
 
@@ -194,9 +195,17 @@ class Distill:
 def _capture_what(kind: str) -> str | None:
     return {"attn": "logits", "q": "q", "k": "k", "v": "v"}.get(kind)
 
-def _distill_loss(kind: str, s: Sequence[torch.Tensor], t: Sequence[torch.Tensor]) -> torch.Tensor:
+class _StudentQK(NamedTuple):
+    "A student block's queries and keys for `attention_distillation_from_qk` (no N x N logits kept: issue #19)."
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float
+    scale_first: bool
+
+def _distill_loss(kind: str, s: Sequence, t: Sequence[torch.Tensor]) -> torch.Tensor:
     if kind == "attn":
-        return sum(attention_distillation_loss(a, b) for a, b in zip(s, t))
+        return sum(attention_distillation_from_qk(a.q, a.k, b, a.scale, a.scale_first) if isinstance(a, _StudentQK)
+                   else attention_distillation_loss(a, b) for a, b in zip(s, t))
     return sum(feature_mse_loss(a, b) for a, b in zip(s, t))   # q/k/v/feature: plain MSE
 
 class TeacherDistillMethod(Method):
@@ -237,7 +246,12 @@ class TeacherDistillMethod(Method):
         blocks = sorted({i for ls in feat.values() for i in ls})
         t = teacher_forward(self.teacher, ctx.x, layers or None, what if layers else (), blocks,
                             student=student if self.shared_drop_path else None)
-        cap = AttentionCapture(student, layers, what=what) if layers else contextlib.nullcontext()
+        # the attention term reads the student's q and k, not its N x N logits, where the block type allows (less memory)
+        attns = attention_blocks(student)
+        qk = "logits" in what and all(type(attns[i]) in (Attention, MHSA) for n, (w, ls) in att.items() if w == "logits"
+                                      for i in ls)
+        s_what = tuple(sorted((set(what) - {"logits"}) | {"q", "k"})) if qk else what
+        cap = AttentionCapture(student, layers, what=s_what) if layers else contextlib.nullcontext()
         with cap, _BlockOutputs(student, blocks) as bo:
             ctx.out = ctx.train_model(ctx.x)
         ctx.logits = ctx.out if isinstance(ctx.out, torch.Tensor) else None
@@ -246,7 +260,16 @@ class TeacherDistillMethod(Method):
         ctx.distill_student, ctx.distill_teacher = {}, {}
         for name, (w, ls) in att.items():
             idx = [layers.index(i) for i in ls]
-            ctx.distill_student[name] = [cap.get(w)[j] for j in idx]
+            if w == "logits" and qk:
+                q, k = cap.get("q"), cap.get("k")
+                def student_side(j):
+                    a, (mask, causal) = attns[layers[j]], cap._masks[layers[j]]
+                    first = type(a) is Attention
+                    if mask is None and not causal: return _StudentQK(q[j], k[j], a.scale, first)
+                    return _attn_logits(q[j], k[j], a.scale, mask, causal, scale_first=first)   # masked: the logits path
+                ctx.distill_student[name] = [student_side(j) for j in idx]
+            else:
+                ctx.distill_student[name] = [cap.get(w)[j] for j in idx]
             ctx.distill_teacher[name] = [t[w][j] for j in idx]
         for name, ls in feat.items():
             ctx.distill_student[name] = [s_blocks[i] for i in ls]

@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from attnrepro.attention import AttentionCapture
 from attnrepro.core import seed_everything
+from attnrepro.losses import attention_distillation_loss
 from attnrepro.models import create_student
 from attnrepro.train import StepContext, TrainConfig, fit
 from attnrepro.transfer import (CopyModel, block_features, Distill, TeacherDistillMethod, attention_info_counts, build_transfer,
@@ -79,7 +80,32 @@ def test_attn_and_q_distill_golden(x):
     assert [(tm.name, tm.weight) for tm in m.terms] == [("ce", 1.0), ("attn_distill", 3.0), ("q_distill", 0.5),
                                                          ("feature_distill", 1.0)]
     # the teacher's side carries no graph, the student's does
-    assert not ctx.distill_teacher["attn_distill"][0].requires_grad and ctx.distill_student["attn_distill"][0].requires_grad
+    assert not ctx.distill_teacher["attn_distill"][0].requires_grad and ctx.distill_student["attn_distill"][0].q.requires_grad
+
+
+def test_attn_distill_from_qk_gives_the_logits_paths_gradients(x):
+    "The q/k path (issue #19: no N x N tensor kept) gives the student the gradients of the logits path, up to rounding."
+    t, s = _models()
+    s.eval()   # no dropout / drop path: both passes see the same network
+    m = TeacherDistillMethod(t, [Distill("attn", (0, 2), 3.0)], ce_weight=0.0)
+    ctx = StepContext(model=s, train_model=s, x=x)
+    m.forward(ctx)
+    assert all(type(a).__name__ == "_StudentQK" for a in ctx.distill_student["attn_distill"])
+    fast = torch.autograd.grad(3.0 * m.terms[0].fn(ctx), list(s.parameters()), allow_unused=True)
+    with torch.no_grad(), AttentionCapture(t, (0, 2)) as ct:
+        t(x)
+    with AttentionCapture(s, (0, 2)) as cs:
+        s(x)
+    ref_loss = 3.0 * sum(attention_distillation_loss(a, b) for a, b in zip(cs.logits, ct.logits))
+    ref = torch.autograd.grad(ref_loss, list(s.parameters()), allow_unused=True)
+    assert float(m.terms[0].fn(ctx)) * 3.0 == pytest.approx(float(ref_loss), rel=1e-6)
+    n = 0
+    for (name, _), a, b in zip(s.named_parameters(), fast, ref):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            n += 1
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), f"{name}: max diff {(a - b).abs().max():.3g}"
+    assert n > 0
 
 
 def test_shared_drop_path_replays_the_students_masks(x):
