@@ -91,11 +91,15 @@ def load_reported(short: str, table_id: str, root=None) -> pd.DataFrame:
 def side_by_side(reported: pd.DataFrame, ours: pd.DataFrame, on: list[str], values: list[str], profile: str,
                  note: str | None = None) -> pd.DataFrame:
     """Outer-join `reported` and `ours` on the key columns `on`; each value column appears twice,
-    `<v> (paper)` then `<v> (ours, <profile>)`. Rows missing on one side stay, with NaN there."""
+    `<v> (paper)` then `<v> (ours, <profile>)`. Rows missing on one side stay, with NaN there. Row order: the paper's
+    rows in the paper's order, then our rows the paper lacks in our order (pandas' outer merge would sort them)."""
     check_profile(profile)
     rep = reported[on + [v for v in values if v in reported]].rename(columns={v: f"{v} (paper)" for v in values})
     our = ours[on + [v for v in values if v in ours]].rename(columns={v: f"{v} (ours, {profile})" for v in values})
     out = rep.merge(our, on=on, how="outer", sort=False)
+    keys = list(dict.fromkeys([*map(tuple, rep[on].astype(str).values), *map(tuple, our[on].astype(str).values)]))
+    rank = {k: i for i, k in enumerate(keys)}
+    out = out.iloc[sorted(range(len(out)), key=lambda i: rank[tuple(out[on].astype(str).values[i])])].reset_index(drop=True)
     cols = on + [c for v in values for c in (f"{v} (paper)", f"{v} (ours, {profile})") if c in out]
     out = out[cols]
     if note: out.attrs["note"] = note
