@@ -17,8 +17,8 @@ from timm.models.vision_transformer import VisionTransformer
 from .attention import AttentionCapture
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
-from .models import block_names, describe_model, intermediate_features
-from .train import LossTerm, Method, StepContext, ce_loss
+from .models import ModuleOutputs, block_names, describe_model, intermediate_features
+from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
 
 # %% auto #0
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
@@ -27,10 +27,10 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'link_mask', 'resample_link_mask', 'link_magnitudes', 'link_pair_scores', 'select_links', 'aal_loss',
            'aal_lambda_schedule', 'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history',
            'pit_map_layout', 'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset',
-           'restrict_to_classes', 'distill_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
-           'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
-           'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
-           'claim_localises_better']
+           'restrict_to_classes', 'distill_method', 'kd_term', 'kd_method', 'claim_beats_baselines_at_low_data',
+           'claim_selective_beats_full', 'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation',
+           'top_layer_share', 'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach',
+           'claim_converges_faster', 'claim_localises_better']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -84,6 +84,10 @@ def teacher_block_maps(teacher: nn.Module, x: torch.Tensor, blocks: Sequence[str
     "One teacher forward: (its output, block outputs (B, C_k, h_k, w_k), bicubically resized to `grid` if given)."
     names = list(block_names(teacher) if blocks is None else blocks)
     out, feats = intermediate_features(teacher, x, names, return_output=True)
+    return out, _block_maps(feats, names, grid)
+
+def _block_maps(feats: Mapping[str, torch.Tensor], names: Sequence[str], grid: tuple[int, int] | None) -> list[torch.Tensor]:
+    "The block outputs `names` of `feats` as float (B, C, h, w) maps, bicubically resized to `grid` if given."
     maps = []
     for n in names:
         f = feats[n]
@@ -94,7 +98,7 @@ def teacher_block_maps(teacher: nn.Module, x: torch.Tensor, blocks: Sequence[str
         if grid is not None and tuple(f.shape[-2:]) != tuple(grid):
             f = F.interpolate(f, size=tuple(grid), mode="bicubic", align_corners=False)
         maps.append(f)
-    return out, maps
+    return maps
 
 def cnn_block_channels(teacher: nn.Module, blocks: Sequence[str] | None = None, img_size: int | tuple = 32) -> list[int]:
     "Channels of each selected teacher block output (one dry forward on zeros, eval mode, no grad)."
@@ -338,6 +342,18 @@ def _teacher_input(x: torch.Tensor, student_mean, student_std, t_mean, t_std, te
         xt = F.interpolate(xt, size=(teacher_size, teacher_size), mode="bilinear", align_corners=False)
     return xt
 
+def _label_teacher_pass(teacher: nn.Module, x: torch.Tensor, student_mean, student_std, t_mean, t_std,
+                        teacher_size: int | None, blocks: Sequence[str] | None = None,
+                        grid: tuple[int, int] | None = None) -> TeacherPass:
+    """The teacher's full forward on the batch as it sees it (`_teacher_input`); `result()` is its output, or with
+    `blocks` (output, their maps as `teacher_block_maps`). Equal statistics and no resize: the batch itself."""
+    xt = _teacher_input(x, student_mean, student_std, t_mean, t_std, teacher_size)
+    key = "batch" if xt is x else ("teacher_input", *(tuple(_stats(v, "stats").tolist()) for v in
+                                                        (student_mean, student_std, t_mean, t_std)), teacher_size)
+    if blocks is None: return TeacherPass(teacher, xt, input_key=key)
+    outs = ModuleOutputs(teacher, blocks, who="teacher_block_maps")
+    return TeacherPass(teacher, xt, [outs], input_key=key, collect=lambda p: (p.out, _block_maps(outs.get(), blocks, grid)))
+
 def _check_teacher_size(teacher_size, who: str):
     if teacher_size is not None and (isinstance(teacher_size, bool) or not isinstance(teacher_size, int) or teacher_size < 8):
         raise ValueError(f"{who}: teacher_size={teacher_size!r}; pass None (the student's input size) or an int >= 8 "
@@ -384,12 +400,14 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
     channels = cnn_block_channels(teacher, names, teacher_size or tuple(student.patch_embed.img_size))
     link_mod = AttentionLinks(channels, link_layers, link_heads, links)
 
+    def teacher_passes(ctx: StepContext) -> list[TeacherPass]:   # one teacher forward: its logits and block maps
+        return [_label_teacher_pass(teacher, ctx.x, student_mean, student_std, t_mean, t_std, teacher_size, names, grid)]
+
     def before_forward(ctx: StepContext) -> None:
         if teacher.training:
             raise RuntimeError("the AAL teacher was switched to train mode; it must stay in eval mode (frozen BN)")
-        with torch.no_grad():
-            out, maps = teacher_block_maps(teacher, _teacher_input(ctx.x, student_mean, student_std, t_mean, t_std,
-                                                                   teacher_size), names, grid)
+        (p,) = run_teacher_passes(ctx, method)
+        out, maps = p.result()
         ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
         ctx.cnn_maps = torch.cat(maps, dim=1)
 
@@ -417,6 +435,7 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
     method = Method(terms, name=name, extra_modules={"aal_links": link_mod}, frozen_modules={"teacher": teacher},
                     before_forward=before_forward, forward=forward, on_epoch_end=on_epoch_end)
     method.teacher_blocks, method.block_channels, method.teacher_size = names, channels, teacher_size
+    method.teacher_passes, method.composable_forward = teacher_passes, True
     return method
 
 _LINK_KEY = re.compile(r"^aal_link_b(\d+)_l(\d+)$")
@@ -518,10 +537,12 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
     teacher_size = _check_teacher_size(teacher_size, "distill_method")
     teacher.eval().requires_grad_(False)
 
+    def teacher_passes(ctx: StepContext) -> list[TeacherPass]:
+        return [_label_teacher_pass(teacher, ctx.x, student_mean, student_std, t_mean, t_std, teacher_size)]
+
     def before_forward(ctx: StepContext) -> None:
-        with torch.no_grad():
-            ctx.teacher_logits = teacher(_teacher_input(ctx.x, student_mean, student_std, t_mean, t_std,
-                                                        teacher_size)).float()
+        (p,) = run_teacher_passes(ctx, method)
+        ctx.teacher_logits = p.result().float()
 
     def forward(ctx: StepContext) -> None:
         ctx.out = ctx.train_model(ctx.x)
@@ -530,8 +551,46 @@ def distill_method(teacher: nn.Module, kind: str = "hard", teacher_mean=None, te
                              "(it then returns (cls, dist) logits in training)")
         ctx.logits, ctx.dist_logits = ctx.out
 
-    return Method([LossTerm("ce", ce_loss, ce_weight), dist_term], name=name or f"deit_{kind}",
-                  frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward)
+    method = Method([LossTerm("ce", ce_loss, ce_weight), dist_term], name=name or f"deit_{kind}",
+                    frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward)
+    method.teacher_passes, method.composable_forward = teacher_passes, True
+    return method
+
+def kd_term(weight=0.5, T: float = 4.0) -> LossTerm:
+    "Hinton KD on the student's class logits (`ctx.logits`) against `ctx.teacher_logits` at temperature `T` (`kd_loss`: T^2 KL)."
+    if not T > 0: raise ValueError(f"kd_term: temperature T must be > 0, got {T!r}")
+    def fn(ctx: StepContext) -> torch.Tensor:
+        if ctx.logits is None:
+            raise ValueError("KD needs the student's class logits (ctx.logits); a DeiT student in distilled training "
+                             "returns (cls, dist) logits: use deit_soft there")
+        if ctx.teacher_logits.shape != ctx.logits.shape:
+            raise ValueError(f"teacher logits {tuple(ctx.teacher_logits.shape)} do not match the student's "
+                             f"{tuple(ctx.logits.shape)}: the teacher must predict the student's classes")
+        return kd_loss(ctx.logits, ctx.teacher_logits, T)
+    return LossTerm("kd", fn, weight)
+
+def kd_method(teacher: nn.Module, T: float = 4.0, ce_weight=0.5, kd_weight=0.5, teacher_mean=None, teacher_std=None,
+              student_mean=IMAGENET_MEAN, student_std=IMAGENET_STD, teacher_size: int | None = None,
+              name: str = "kd") -> Method:
+    """Plain knowledge distillation (Hinton et al. 2015) on the student's class logits: `ce_weight` * CE +
+    `kd_weight` * T^2 KL(softmax(t/T) || softmax(s/T)) from a frozen classifier `teacher` of the student's classes,
+    without a distillation token (the 'soft KD' baseline of a comparison; `deit_soft` is DeiT's token version). The
+    teacher sees the batch as in `distill_method` (renormalised to its statistics, optionally resized)."""
+    t_mean, t_std = _teacher_stats(teacher, teacher_mean, teacher_std, student_mean, student_std, "kd_method")
+    teacher_size = _check_teacher_size(teacher_size, "kd_method")
+    teacher.eval().requires_grad_(False)
+
+    def teacher_passes(ctx: StepContext) -> list[TeacherPass]:
+        return [_label_teacher_pass(teacher, ctx.x, student_mean, student_std, t_mean, t_std, teacher_size)]
+
+    def before_forward(ctx: StepContext) -> None:
+        (p,) = run_teacher_passes(ctx, method)
+        ctx.teacher_logits = p.result().float()
+
+    method = Method([LossTerm("ce", ce_loss, ce_weight), kd_term(kd_weight, T)], name=name,
+                    frozen_modules={"teacher": teacher}, before_forward=before_forward)
+    method.teacher_passes = teacher_passes
+    return method
 
 # %% ../nbs/12_aal.ipynb #0874f7c8
 from scipy.stats import spearmanr

@@ -16,10 +16,10 @@ from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
-from .attention import forward_until, require_vit
+from .attention import require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
-from .train import LossTerm, Method, StepContext, ce_loss
+from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
 from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled_sd, untestable
 
 # %% auto #0
@@ -282,6 +282,8 @@ class TransferMethod(Method):
     `grad_norm_every=n`: on every n-th global step, log `term_grad_norms` in `self.state["grad_norms"]` (a list of
     {step, <term>, <term>_backbone}; saved with checkpoints). It costs one extra backward per term on those steps only
     and leaves the update itself unchanged."""
+    composable_forward = True    # captures around one target call (attnrepro.train.ComposedMethod)
+    composable_backward = True   # the gradient-norm log reads ctx.weighted, then backpropagates the whole ctx.loss
     def __init__(self, target: nn.Module, source: nn.Module | None = None, terms: Sequence[LossTerm] = (),
                  transmix: Mapping | None = None, ce_weight: float = 1.0, name: str = "transfer",
                  train_overrides: Mapping | None = None, grad_norm_every: int | None = None):
@@ -348,12 +350,14 @@ class TransferMethod(Method):
         if self.source_needs:
             if self.source.training:
                 raise RuntimeError("the GTA source was switched to train mode; it must stay frozen in eval mode")
-            with torch.no_grad(), FeatureTap(self.source, {f: sorted(l) for f, l in self.source_needs.items()}) as tap:
-                if self._source_last is None:
-                    self.source(ctx.x)
-                else:
-                    forward_until(self.source, ctx.x, self._source_last)
-            ctx.source_feats = tap.out
+            (p,) = run_teacher_passes(ctx, self)
+            ctx.source_feats = p.result()
+
+    def teacher_passes(self, ctx: StepContext) -> list[TeacherPass]:
+        "The source's forward (no grad), stopped after the last block a term reads (`_source_last`; None: in full)."
+        if not self.source_needs: return []
+        tap = FeatureTap(self.source, {f: sorted(l) for f, l in self.source_needs.items()})
+        return [TeacherPass(self.source, ctx.x, [tap], until=self._source_last, collect=lambda p: tap.out)]
 
     def forward(self, ctx: StepContext) -> None:
         with FeatureTap(ctx.model, {f: sorted(l) for f, l in self.needs.items()}) as tap:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import atexit, contextlib, dataclasses, json, math, os, random, time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -22,12 +22,13 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 
-from .attention import model_device
+from .attention import forward_until, model_device
 from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
 
 # %% auto #0
 __all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
-           'project_conflicting', 'term_grads', 'assign_grads', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups',
+           'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass', 'execute_teacher_passes',
+           'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups',
            'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler',
            'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
            'load_checkpoint', 'fit']
@@ -95,8 +96,13 @@ class Method:
     `on_epoch_end(ctx) -> dict | None` (floats merged into that epoch's history row).
     With gradient accumulation (`TrainConfig.accum_steps > 1`) the first four hooks and the terms run on every batch
     (a custom `backward` sees only its own batch's gradients in `.grad`; the trainer adds the group's back), while
-    `after_backward` and `after_step` run once per optimiser step, with the group's last batch as `ctx`."""
+    `after_backward` and `after_step` run once per optimiser step, with the group's last batch as `ctx`.
+    For composition (`ComposedMethod`): `teacher_passes(ctx)` declares the frozen-teacher forwards the hooks read
+    (run them with `run_teacher_passes`), `composable_forward` says that `forward` only enters captures around one
+    `ctx.train_model(ctx.x)` call, `composable_backward` that a custom `backward` acts on `ctx.loss` as a whole."""
     name = "supervised"
+    composable_forward = False
+    composable_backward = False
 
     def __init__(self, terms: Sequence[LossTerm] | None = None, name: str | None = None,
                  extra_modules: Mapping[str, nn.Module] | None = None, find_unused_parameters: bool = False,
@@ -126,8 +132,16 @@ class Method:
         for k, m in self.frozen_modules.items():
             if not isinstance(m, nn.Module): raise TypeError(f"Method {self.name!r}: frozen module {k!r} is not an nn.Module")
 
-    def has_custom_backward(self) -> bool:
-        return "backward" in self.__dict__ or type(self).backward is not Method.backward
+    def overrides(self, hook: str) -> bool:
+        "True when `hook` is this method's own (given as a function or overridden by a subclass), not `Method`'s."
+        if hook not in _HOOKS: raise ValueError(f"Unknown hook {hook!r}; valid hooks: {', '.join(_HOOKS)}")
+        return hook in self.__dict__ or getattr(type(self), hook) is not getattr(Method, hook)
+
+    def has_custom_backward(self) -> bool: return self.overrides("backward")
+
+    def teacher_passes(self, ctx: StepContext) -> list:
+        "The frozen-teacher forwards (`TeacherPass`) this step's hooks read; none by default."
+        return []
 
     # default hooks: plain supervised training
     def before_forward(self, ctx: StepContext) -> None: pass
@@ -172,6 +186,278 @@ def assign_grads(params: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
         if p.grad is None: p.grad = g.clone()
         else: p.grad.copy_(g)
         i += p.numel()
+
+# %% ../nbs/06_train.ipynb #16470e67
+@dataclasses.dataclass(eq=False)
+class TeacherPass:
+    """One frozen-teacher forward that a method's hooks read: `captures` (context managers recording what the terms
+    need, e.g. `AttentionCapture`) entered around `teacher(x)` (`until=None`; the output is kept in `out`) or around
+    `forward_until(teacher, x, until)` (a timm ViT stopped after block `until`), under no_grad. `input_key` says what
+    `x` is (`"batch"`: `ctx.x` itself), `mode` how the teacher runs (None: as it is, frozen in eval mode; otherwise
+    `around()` is entered outside the captures). Passes with equal `key` can share one forward. `result()` is what
+    the method reads: `collect(self)` when given, else `out`."""
+    teacher: nn.Module
+    x: torch.Tensor
+    captures: Sequence = ()
+    until: int | None = None
+    input_key: Hashable = "batch"
+    mode: Hashable = None
+    around: Callable | None = None
+    collect: Callable | None = None
+    out: Any = None
+    ran: bool = False
+
+    @property
+    def key(self) -> tuple: return (id(self.teacher), self.input_key, self.mode)
+
+    def result(self):
+        if not self.ran: raise RuntimeError("TeacherPass.result(): the pass has not run (use run_teacher_passes)")
+        return self.collect(self) if self.collect is not None else self.out
+
+@torch.no_grad()
+def _shared_forward(passes: Sequence[TeacherPass]) -> None:
+    "One forward of the common teacher of `passes` (one key): every capture entered, as far as the furthest needs."
+    p0 = passes[0]
+    until = None if any(p.until is None for p in passes) else max(p.until for p in passes)
+    with contextlib.ExitStack() as stack:
+        if p0.around is not None: stack.enter_context(p0.around())
+        for p in passes:
+            for c in p.captures: stack.enter_context(c)
+        out = p0.teacher(p0.x) if until is None else forward_until(p0.teacher, p0.x, until)
+    for p in passes: p.out, p.ran = out, True
+
+def execute_teacher_passes(passes: Sequence[TeacherPass]) -> None:
+    "Run `passes`: one forward per distinct `key` (teacher, input, mode), in the order the keys first appear."
+    groups: dict = {}
+    for p in passes:
+        if not isinstance(p, TeacherPass): raise TypeError(f"execute_teacher_passes: expected TeacherPass, got {p!r}")
+        groups.setdefault(p.key, []).append(p)
+    for g in groups.values(): _shared_forward(g)
+
+def run_teacher_passes(ctx: StepContext, method: Method) -> list[TeacherPass]:
+    """`method.teacher_passes(ctx)`, run. Alone they run as declared; inside a `ComposedMethod` step (`ctx.teacher_plan`)
+    every part's passes of the step are gathered at the first request and each shared teacher runs once for all."""
+    plan = getattr(ctx, "teacher_plan", None)
+    if plan is not None: return plan.passes_of(ctx, method)
+    passes = list(method.teacher_passes(ctx))
+    execute_teacher_passes(passes)
+    return passes
+
+class _TeacherPlan:
+    "One step of a composed method: the parts' teacher passes, gathered at the first request and run once."
+    def __init__(self, parts: Mapping[str, Method]):
+        self.parts, self.passes = dict(parts), None
+
+    def passes_of(self, ctx: StepContext, method: Method) -> list[TeacherPass]:
+        name = next((n for n, m in self.parts.items() if m is method), None)
+        if name is None: raise RuntimeError(f"run_teacher_passes: {method!r} is not a part of this composed step")
+        if self.passes is None:
+            self.passes = {n: list(m.teacher_passes(ctx)) for n, m in self.parts.items()}
+            execute_teacher_passes([p for ps in self.passes.values() for p in ps])
+        return self.passes[name]
+
+
+
+# %% ../nbs/06_train.ipynb #638f87cd
+def _same_weight(a, b) -> bool:
+    return a is b or (not callable(a) and not callable(b) and float(a) == float(b))
+
+def _same_value(a, b) -> bool:
+    if a is b: return True
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    return False
+
+_COMPOSE_OWN = ("train_model", "teacher_plan")   # ctx attributes the composition itself manages
+
+class _Next:
+    "What a part's `forward` gets as `ctx.train_model`: a call runs the next part's forward (and so the student) once."
+    def __init__(self, fn: Callable, part: str):
+        self.fn, self.part, self.calls = fn, part, 0
+
+    def __call__(self, x, *args, **kwargs):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError(f"part {self.part!r} of a composed method calls the model twice in its forward; a "
+                               "composable forward runs the student once (set composable_forward=False on it)")
+        return self.fn(x, *args, **kwargs)
+
+    def __getattr__(self, attr):
+        raise AttributeError(f"part {self.part!r} of a composed method uses ctx.train_model.{attr} in its forward; "
+                             "composable forwards only call ctx.train_model(ctx.x) (use ctx.model for the module)")
+
+class ComposedMethod(Method):
+    """Several methods (`parts`, name -> `Method`, in hook order) trained as one (see above): union of the terms with
+    one shared `ce` (weight `ce_weight`, or the one the parts agree on), hooks part by part with nested forwards (the
+    student runs once), each shared teacher run once per step, per-part state in checkpoints."""
+    composable_forward = True
+
+    def __init__(self, parts: Mapping[str, Method], name: str | None = None, ce_weight: float | Schedule | None = None):
+        parts = dict(parts)
+        if len(parts) < 2: raise ValueError(f"ComposedMethod needs at least two parts, got {list(parts)}")
+        for n, m in parts.items():
+            if not isinstance(m, Method): raise TypeError(f"ComposedMethod: part {n!r} is not a Method: {m!r}")
+            if isinstance(m, ComposedMethod):
+                raise TypeError(f"ComposedMethod: part {n!r} is itself composed; compose its parts directly (flat)")
+        self.parts = parts
+        name = name or "+".join(parts)
+        extra, owner = {}, {}
+        for n, m in parts.items():
+            for k, mod in m.extra_modules.items():
+                if k in extra and extra[k] is not mod:
+                    raise ValueError(f"{name}: parts {owner[k]!r} and {n!r} both have an extra module {k!r}; their "
+                                     "weights would share one checkpoint entry")
+                extra[k], owner[k] = mod, n
+        frozen = {}
+        for n, m in parts.items():
+            for k, mod in m.frozen_modules.items():
+                if not any(v is mod for v in frozen.values()): frozen[k if k not in frozen else f"{n}_{k}"] = mod
+        backward = [n for n, m in parts.items() if m.has_custom_backward()]
+        if len(backward) > 1:
+            raise ValueError(f"{name}: parts {backward[0]!r} and {backward[1]!r} both override backward; each builds "
+                             "the update from its own terms, so both cannot apply to one step")
+        for n in backward:
+            if not parts[n].composable_backward:
+                raise ValueError(f"{name}: part {n!r} overrides backward in a way that does not compose (not "
+                                 f"composable_backward): its update is built from its own terms, and the other parts' "
+                                 f"terms would be left out of it or mixed wrongly")
+        fwd = [n for n, m in parts.items() if m.overrides("forward")]
+        if len(fwd) > 1:
+            solo = [n for n in fwd if not parts[n].composable_forward]
+            if solo:
+                raise ValueError(f"{name}: parts {fwd} all override forward, and the forward of {solo[0]!r} does more "
+                                 "than capture around one student call (not composable_forward; e.g. it runs a second "
+                                 "network on the batch or calls the model itself), so the forwards cannot nest")
+        terms = self._terms(name, ce_weight)
+        overrides: dict = {}
+        for n, m in parts.items():
+            for k, v in getattr(m, "train_overrides", {}).items():
+                if k in overrides and overrides[k][1] != v:
+                    raise ValueError(f"{name}: parts {overrides[k][0]!r} and {n!r} need TrainConfig.{k} = "
+                                     f"{overrides[k][1]!r} and {v!r}")
+                overrides[k] = (n, v)
+        super().__init__(terms, name=name, extra_modules=extra, frozen_modules=frozen,
+                         find_unused_parameters=any(m.find_unused_parameters for m in parts.values()))
+        self.train_overrides = {k: v for k, (_, v) in overrides.items()}
+        self._forwards = fwd
+        if backward: self.backward = parts[backward[0]].backward
+        self._writers: dict = {}
+
+    def _terms(self, name: str, ce_weight) -> list[LossTerm]:
+        ce = [(n, t) for n, m in self.parts.items() for t in m.terms if t.name == "ce"]
+        for n, t in ce:
+            if t.fn is not ce_loss:
+                raise ValueError(f"{name}: part {n!r} has a term named 'ce' that is not the shared cross-entropy "
+                                 "(attnrepro.train.ce_loss); rename it")
+        terms = []
+        if ce_weight is not None:
+            terms.append(LossTerm("ce", ce_loss, ce_weight))
+        elif ce:
+            w0 = ce[0][1].weight
+            if not all(_same_weight(t.weight, w0) for _, t in ce):
+                raise ValueError(f"{name}: the parts give their shared 'ce' term different weights "
+                                 f"({', '.join(f'{n}: {t.weight!r}' for n, t in ce)}); the composed method keeps one "
+                                 "'ce' term: set its weight with ce_weight=...")
+            terms.append(ce[0][1])
+        owner = {}
+        for n, m in self.parts.items():
+            for t in m.terms:
+                if t.name == "ce": continue
+                if t.name in owner:
+                    raise ValueError(f"{name}: parts {owner[t.name]!r} and {n!r} both have a loss term named "
+                                     f"{t.name!r}; a composed method keeps one history column per term")
+                owner[t.name] = n
+                terms.append(t)
+        return terms
+
+    # --- step state ---------------------------------------------------------------------------
+    @staticmethod
+    def _snapshot(ctx: StepContext) -> dict: return dict(vars(ctx))
+
+    def _record(self, ctx: StepContext, part: str, before: dict) -> None:
+        "Note what `part` wrote to `ctx` since `before`; refuse a value another part already wrote differently."
+        first = next(iter(self.parts))
+        for k, v in vars(ctx).items():
+            if k in _COMPOSE_OWN or (k in before and before[k] is v): continue
+            if k == "x" and part != first:
+                raise ValueError(f"{self.name}: part {part!r} changes the batch (ctx.x), but the parts before it have "
+                                 f"seen the original one; name it first ('{part}+...') so that every part sees it")
+            prev = self._writers.get(k)
+            if prev is not None and prev[0] != part and not _same_value(prev[1], v):
+                raise ValueError(f"{self.name}: parts {prev[0]!r} and {part!r} both set ctx.{k}, to different values "
+                                 "(e.g. two different teachers); their step state would overwrite each other, so they "
+                                 "cannot be composed this way (give both parts the same teacher, or compose others)")
+            self._writers[k] = (part, v)
+
+    def _tracked(self, ctx: StepContext, part: str, fn: Callable) -> None:
+        before = self._snapshot(ctx)
+        fn(ctx)
+        self._record(ctx, part, before)
+
+    # --- hooks --------------------------------------------------------------------------------
+    def before_forward(self, ctx: StepContext) -> None:
+        self._writers = {}
+        ctx.teacher_plan = _TeacherPlan(self.parts)
+        for n, m in self.parts.items():
+            if m.overrides("before_forward"): self._tracked(ctx, n, m.before_forward)
+
+    def forward(self, ctx: StepContext) -> None:
+        if not self._forwards: return Method.forward(self, ctx)
+        real, fwd = ctx.train_model, [(n, self.parts[n]) for n in self._forwards]
+        def run(i: int) -> None:   # part i's forward; its model call runs part i+1's (the last one's: the student)
+            name, part = fwd[i]
+            seg = [self._snapshot(ctx)]
+            def inner(x, *args, **kwargs):
+                if x is not ctx.x:
+                    raise ValueError(f"{self.name}: part {name!r} calls the model on another input than ctx.x")
+                self._record(ctx, name, seg[0])
+                if i + 1 < len(fwd):
+                    run(i + 1)
+                    out = ctx.out
+                else:
+                    ctx.train_model = real
+                    out = real(x, *args, **kwargs)
+                ctx.train_model = nxt
+                seg[0] = self._snapshot(ctx)
+                return out
+            nxt = _Next(inner, name)
+            ctx.train_model = nxt
+            part.forward(ctx)
+            if nxt.calls != 1:
+                raise RuntimeError(f"{self.name}: part {name!r}'s forward did not call ctx.train_model(ctx.x); "
+                                   "a composable forward runs the student exactly once")
+            self._record(ctx, name, seg[0])
+        try:
+            run(0)
+        finally:
+            ctx.train_model = real
+
+    def after_backward(self, ctx: StepContext) -> None:
+        for m in self.parts.values(): m.after_backward(ctx)
+
+    def after_step(self, ctx: StepContext) -> None:
+        for m in self.parts.values(): m.after_step(ctx)
+
+    def on_epoch_end(self, ctx: StepContext) -> dict | None:
+        row, owner = {}, {}
+        for n, m in self.parts.items():
+            for k, v in (m.on_epoch_end(ctx) or {}).items():
+                if k in row: raise ValueError(f"{self.name}: parts {owner[k]!r} and {n!r} both report {k!r} at epoch end")
+                row[k], owner[k] = v, n
+        return row or None
+
+    def state_dict(self) -> dict:
+        return dict(shared=self.state, parts={n: m.state_dict() for n, m in self.parts.items()})
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"shared", "parts"} or set(state["parts"]) != set(self.parts):
+            raise RuntimeError(f"{self.name}: checkpointed method state has parts {sorted(state.get('parts', {}))}, "
+                               f"this method {sorted(self.parts)}")
+        self.state = dict(state["shared"])
+        for n, m in self.parts.items(): m.load_state_dict(state["parts"][n])
+
+    def __repr__(self):
+        return f"ComposedMethod({self.name!r}, parts={list(self.parts)}, terms={[t.name for t in self.terms]})"
 
 # %% ../nbs/06_train.ipynb #1192847b
 OPTIMIZERS = ("adamw", "sgd", "lars")

@@ -5,6 +5,7 @@
 # %% ../nbs/14_transfer.ipynb #ff2d6754
 from __future__ import annotations
 import contextlib, copy, dataclasses
+from functools import partial
 from typing import NamedTuple, Sequence
 
 import torch
@@ -16,16 +17,16 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import (AttentionCapture, AttentionOverride, _attn_logits, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
-from .attention import forward_until, require_vit
+from .attention import require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
-from .train import LossTerm, Method, StepContext, ce_term
+from .train import LossTerm, Method, StepContext, TeacherPass, ce_term, execute_teacher_passes, run_teacher_passes
 
 # %% auto #0
 __all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'first_layers', 'last_layers', 'first_heads',
-           'has_drop_path', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod', 'vit_shape',
-           'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
+           'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod',
+           'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
            'ensemble_top1', 'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts',
            'model_info_counts', 'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
            'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
@@ -106,31 +107,45 @@ class _BlockOutputs:
         if missing: raise RuntimeError(f"blocks {missing} did not run inside the block-output capture")
         return [self.out[i] for i in self.layers]
 
-@torch.no_grad()
-def teacher_forward(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
-                    what: Sequence[str] = ("logits",), block_layers: Sequence[int] = (),
-                    student: nn.Module | None = None) -> dict[str, list[torch.Tensor]]:
-    """Frozen-teacher tensors `{what: [per block of layers], 'blocks': [outputs of block_layers]}` under no_grad,
-    the forward stopped after the last needed block; `student` given and stochastic: same drop-path masks."""
+@contextlib.contextmanager
+def _shared_drop_path(teacher: nn.Module, student: nn.Module, x: torch.Tensor):
+    "The teacher runs with the student's drop-path masks; the RNG is rewound after, so the student draws the same ones."
+    rng = torch.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state(x.device) if x.is_cuda else None
+    with _borrowed_drop_paths(teacher, student):
+        yield
+    torch.set_rng_state(rng)
+    if cuda_rng is not None: torch.cuda.set_rng_state(cuda_rng, x.device)
+
+def teacher_pass(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
+                 what: Sequence[str] = ("logits",), block_layers: Sequence[int] = (),
+                 student: nn.Module | None = None) -> TeacherPass:
+    """`teacher_forward` as a `TeacherPass` (not run yet), for methods that share their teacher's forward with others;
+    its `result()` is `teacher_forward`'s dict."""
     depth = len(attention_blocks(teacher))
     layers = _resolve_layers(layers, depth) if what else []
     block_layers = _resolve_layers(block_layers, depth) if block_layers else []
     if not layers and not block_layers:
         raise ValueError("teacher_forward: nothing to capture (give `what` with `layers`, or `block_layers`)")
-    last = max(layers + block_layers)
     share = student is not None and has_drop_path(student)
-    rng = torch.get_rng_state()
-    cuda_rng = torch.cuda.get_rng_state(x.device) if share and x.is_cuda else None
-    cap = AttentionCapture(teacher, layers, what=tuple(what)) if layers else contextlib.nullcontext()
-    with (_borrowed_drop_paths(teacher, student) if share else contextlib.nullcontext()), cap, \
-            _BlockOutputs(teacher, block_layers) as bo:
-        forward_until(teacher, x, last)
-    if share:  # rewind: the student's forward draws the same drop-path masks
-        torch.set_rng_state(rng)
-        if cuda_rng is not None: torch.cuda.set_rng_state(cuda_rng, x.device)
-    out = {w: [t.detach() for t in cap.get(w)] for w in what} if layers else {}
-    if block_layers: out["blocks"] = [t.detach() for t in bo.get()]
-    return out
+    cap = AttentionCapture(teacher, layers, what=tuple(what)) if layers else None
+    bo = _BlockOutputs(teacher, block_layers)
+    def collect(p: TeacherPass) -> dict[str, list[torch.Tensor]]:
+        out = {w: [t.detach() for t in cap.get(w)] for w in what} if layers else {}
+        if block_layers: out["blocks"] = [t.detach() for t in bo.get()]
+        return out
+    return TeacherPass(teacher, x, [c for c in (cap, bo) if c is not None], until=max(layers + block_layers),
+                       mode=("shared_drop_path", id(student)) if share else None,
+                       around=partial(_shared_drop_path, teacher, student, x) if share else None, collect=collect)
+
+def teacher_forward(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int] | None = None,
+                    what: Sequence[str] = ("logits",), block_layers: Sequence[int] = (),
+                    student: nn.Module | None = None) -> dict[str, list[torch.Tensor]]:
+    """Frozen-teacher tensors `{what: [per block of layers], 'blocks': [outputs of block_layers]}` under no_grad,
+    the forward stopped after the last needed block; `student` given and stochastic: same drop-path masks."""
+    p = teacher_pass(teacher, x, layers, what, block_layers, student)
+    execute_teacher_passes([p])
+    return p.result()
 
 # %% ../nbs/14_transfer.ipynb #b47e01a6
 COPY_SOURCES = ("maps", "q", "k", "v")
@@ -236,16 +251,28 @@ class TeacherDistillMethod(Method):
             out[d.name] = layers
         return out
 
-    def forward(self, ctx: StepContext) -> None:
-        student = ctx.model
+    composable_forward = True   # captures around one student call (see attnrepro.train.ComposedMethod)
+
+    def _needs(self, student: nn.Module) -> tuple[dict, dict, list[int], tuple, list[int]]:
+        "What to capture: attention kinds {name: (what, layers)}, features {name: layers}, and their unions."
         if self._resolved is None: self._resolved = self._resolve(student)
         att = {d.name: (_capture_what(d.kind), self._resolved[d.name]) for d in self.distill if d.kind != "feature"}
         feat = {d.name: self._resolved[d.name] for d in self.distill if d.kind == "feature"}
         layers = sorted({i for _, ls in att.values() for i in ls})
         what = tuple(sorted({w for w, _ in att.values()}))
         blocks = sorted({i for ls in feat.values() for i in ls})
-        t = teacher_forward(self.teacher, ctx.x, layers or None, what if layers else (), blocks,
-                            student=student if self.shared_drop_path else None)
+        return att, feat, layers, what, blocks
+
+    def teacher_passes(self, ctx: StepContext) -> list[TeacherPass]:
+        _, _, layers, what, blocks = self._needs(ctx.model)
+        return [teacher_pass(self.teacher, ctx.x, layers or None, what if layers else (), blocks,
+                             student=ctx.model if self.shared_drop_path else None)]
+
+    def forward(self, ctx: StepContext) -> None:
+        student = ctx.model
+        att, feat, layers, what, blocks = self._needs(student)
+        (p,) = run_teacher_passes(ctx, self)
+        t = p.result()
         # the attention term reads the student's q and k, not its N x N logits, where the block type allows (less memory)
         attns = attention_blocks(student)
         qk = "logits" in what and all(type(attns[i]) in (Attention, MHSA) for n, (w, ls) in att.items() if w == "logits"
@@ -257,7 +284,9 @@ class TeacherDistillMethod(Method):
         ctx.logits = ctx.out if isinstance(ctx.out, torch.Tensor) else None
         s_blocks = dict(zip(blocks, bo.get())) if blocks else {}
         t_blocks = dict(zip(blocks, t.get("blocks", [])))
-        ctx.distill_student, ctx.distill_teacher = {}, {}
+        # added to, not replaced: distillation parts of one composed method fill one dict each (keys are term names)
+        ctx.distill_student = getattr(ctx, "distill_student", None) or {}
+        ctx.distill_teacher = getattr(ctx, "distill_teacher", None) or {}
         for name, (w, ls) in att.items():
             idx = [layers.index(i) for i in ls]
             if w == "logits" and qk:
