@@ -258,7 +258,8 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
         failed = int(df["status"].astype(str).str.startswith("FAILED").sum()) if len(df) else 0
         caption = (f"**Dry-run cost** of {short} at the {profile} profile ({time.strftime('%Y-%m-%d')}, commit "
                    f"{git_commit(root)}, on {', '.join(devices) or 'no device: no run reached a training step'}): every "
-                   f"run built at its real size, one warm-up and {steps} timed optimiser steps, two validation batches; "
+                   f"run built at its real size, one warm-up and {steps} timed optimiser step(s), two validation batches "
+                   "(a run's 'fits' include any model it pre-trains on the way, e.g. a smoke teacher); "
                    "'train h' = step time x optimiser steps per epoch (the real training set over the recipe's batch) x "
                    "epochs; 'eval h' = the evaluation passes of the recipe likewise. Memory: "
                    + "; ".join(sorted({r["mem_kind"] for r in probes}) or ["not measured"]) + ". "

@@ -148,7 +148,8 @@ def _local_live(m: dict) -> bool:
 
 def _slurm_live(m: dict) -> bool:
     submitit = require_submitit()
-    state = submitit.SlurmJob(folder=m["folder"], job_id=str(m["job_id"])).state.split()[0].upper()
+    job = submitit.SlurmJob(folder=m["folder"], job_id=str(m["job_id"]))
+    state = (job.get_info(mode="force").get("State") or "UNKNOWN").split()[0].upper()   # sacct, now
     if state == "UNKNOWN": return time.time() - m.get("submitted_s", 0) < 86400
     return state in SLURM_LIVE
 
@@ -219,7 +220,7 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
     if not pending: return set()
     require_submitit()
     label = lambda h: grid[h][0] or h
-    live, stale = {}, []   # runs whose job from an earlier call may still finish; markers of jobs that ended without
+    live, stale = {}, []   # runs whose job from an earlier call may still finish; jobs that ended without a result
     for h in pending:
         mp = marker_path(pr.runs_dir, h)
         if not mp.exists(): continue
@@ -251,18 +252,17 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
         running[h] = (job, gpu)
         print(f"[grid] submitted {label(h)} (config {h}) as {executor} job {job.job_id}", flush=True)
 
-    def settle(h, job=None, why=""):
+    def settle(h, job_id, why="", log=""):
+        marker_path(pr.runs_dir, h).unlink(missing_ok=True)   # the job removes it too, unless it beat the submitter
         if (pr.runs_dir / f"{h}.json").exists() and not why:
             fresh.add(h)
             print(f"[grid] finished {label(h)} (config {h})", flush=True)
         else:
-            failed[h] = why or (f"job {job.job_id if job else live.get(h, {}).get('job_id')} ended without writing "
-                                f"{h}.json" + (f"; end of its log:\n{_log_tail(job)}" if job else ""))
+            failed[h] = (why or f"job {job_id} ended without writing {h}.json") + (f"; end of its log:\n{log}" if log else "")
             print(f"[grid] FAILED {label(h)} (config {h}): {failed[h]}", flush=True)
-            marker_path(pr.runs_dir, h).unlink(missing_ok=True)
 
     if not wait:
-        for h in ready()[:slots] if slots else ready(): submit(h)
+        for h in ready()[:max(0, slots - len(live))] if slots else ready(): submit(h)   # local: live jobs hold slots
         missing = [h for h in grid if not pr.has_result(h)]
         blocked = len(missing) - len(running) - len(live)
         raise RunsPending(
@@ -274,7 +274,7 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             f"{pr.runs_dir}, and runs that are queued or running are not submitted again.")
     while True:
         for h in ready():
-            if slots and len(running) >= slots: break
+            if slots and len(running) + len(live) >= slots: break
             submit(h)
         if not running and not live: break
         time.sleep(poll_s)
@@ -283,12 +283,13 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             del running[h]
             if gpu is not None: free_gpus.append(gpu)
             exc = job.exception()
-            settle(h, job, "" if exc is None else f"job {job.job_id} raised {type(exc).__name__}; end of its log:\n"
-                   f"{_log_tail(job)}")
+            ok = exc is None and (pr.runs_dir / f"{h}.json").exists()
+            settle(h, job.job_id, "" if exc is None else f"job {job.job_id} raised {type(exc).__name__}",
+                   "" if ok else _log_tail(job))
         for h, m in list(live.items()):
             if job_live(m): continue
             del live[h]
-            settle(h)
+            settle(h, m["job_id"], log=f"(see the logs in {m.get('folder')})")
     left = [h for h in grid if not pr.has_result(h) and h not in fresh]
     if failed or left:
         blocked = [label(h) for h in left if h not in failed]

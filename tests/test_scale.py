@@ -219,3 +219,41 @@ def test_synthetic_stand_in_and_dry_checkpoints(env, monkeypatch):
     with pytest.raises(RuntimeError, match="written by a dry run"):
         fit(model, torch.utils.data.TensorDataset(torch.zeros(64, 3, 8, 8), torch.zeros(64, dtype=torch.long)),
             None, TrainConfig(epochs=3, batch_size=64, warmup_epochs=0), ckpt_dir=env, progress=False)
+
+
+def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
+    "The slurm path against stand-ins for sbatch / sacct / srun: the job script, markers, live and stale jobs, gathering."
+    from attnrepro.report import train_record
+    bin_, state, last = env / "bin", env / "sacct_state", env / "last_job"
+    bin_.mkdir()
+    state.write_text("PENDING")
+    last.write_text("4241")
+    def tool(name, body):
+        (bin_ / name).write_text("#!/bin/sh\n" + body)
+        (bin_ / name).chmod(0o755)
+    tool("srun", "exit 0\n")
+    tool("sbatch", f'n=$(($(cat {last}) + 1)); echo $n > {last}; echo "Submitted batch job $n"\n')
+    tool("sacct", 'echo "JobID|State|NodeList"\nwhile [ $# -gt 0 ]; do [ "$1" = "-j" ] && ids="$ids $2"; shift; done\n'
+                  f'for j in $(echo $ids | tr , " "); do echo "$j|$(cat {state})|node1"; done\n')   # -j once per job
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    for k, v in dict(ATTNREPRO_EXECUTOR="slurm", ATTNREPRO_WAIT="0", ATTNREPRO_SLURM_PARTITION="gpu",
+                     ATTNREPRO_SLURM_GPUS="2", ATTNREPRO_SLURM_TIME="600").items():
+        monkeypatch.setenv(k, v)
+    fn = make_fn()
+    with pytest.raises(RunsPending, match=r"2 run\(s\) submitted to slurm now \(job ids 4242, 4243\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)
+    script = next((env / "jobs" / "grid" / "paper").glob("**/4242_submission.sh")).read_text()
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=600"):
+        assert line in script, script
+    with pytest.raises(RunsPending, match=r"0 run\(s\) submitted.*2 still queued or running.*\(job ids 4242, 4243\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)   # pending jobs are not submitted twice
+    state.write_text("FAILED")
+    capsys.readouterr()
+    with pytest.raises(RunsPending, match=r"2 run\(s\) submitted to slurm now \(job ids 4244, 4245\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)   # failed without a result: submitted again, and said so
+    assert "2 earlier job(s) ended without a result" in capsys.readouterr().out
+    pr = PaperRun("grid", "paper", env)
+    for name, cfg in GRID:   # what the jobs do on the cluster: write the records (and drop their markers)
+        train_record(pr.runs_dir, "grid", "paper", cfg, fn, name)
+        marker_path(pr.runs_dir, config_hash(cfg)).unlink()
+    assert [r["value"] for r in pr.run_many(GRID, fn)] == [7, 17]   # gathered, nothing submitted
