@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse, json, os, sys
 
 from .report import PROFILES
-from .runner import PaperFailed, reproduce, status
+from .runner import PaperFailed, PaperPending, reproduce, status
+from .scale import EXECUTORS
 
 # %% auto #0
 __all__ = ['BENCH_VARIANT_NAMES', 'build_parser', 'main']
@@ -32,6 +33,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set a notebook parameter (repeatable)")
     r.add_argument("--log-output", action="store_true", help="stream the notebooks' output (runs, progress, claims)")
     r.add_argument("--device", help="train on this torch device (cpu, cuda, cuda:N; default: cuda when available)")
+    g = r.add_argument_group("grids of runs on several processes or a cluster (submitit; attnrepro.scale)")
+    g.add_argument("--executor", choices=EXECUTORS, help="where a grid's missing runs train: serial (this process, in "
+                   "order; default), local (separate processes on this machine, one per GPU or --local-jobs), slurm "
+                   "(SLURM jobs, see --slurm-*)")
+    g.add_argument("--no-wait", action="store_true", help="local/slurm: submit the missing runs and stop; run the same "
+                   "command again once the jobs have finished (finished runs are gathered, queued ones not resubmitted)")
+    g.add_argument("--local-jobs", type=int, metavar="N", help="local: runs at once (default: one per GPU, else 1)")
+    g.add_argument("--slurm-partition", help="slurm: partition (ATTNREPRO_SLURM_PARTITION)")
+    g.add_argument("--slurm-gpus", type=int, metavar="N", help="slurm: GPUs of one run, one task each (default 1)")
+    g.add_argument("--slurm-time", type=int, metavar="MIN", help="slurm: minutes a job may run (default 4320)")
+    d = r.add_argument_group("dry run: cost the grid without training it")
+    d.add_argument("--dry-run", action="store_true", help="build every run of the grid at its real size, time a few "
+                   "steps on synthetic data of the real shape where the data is missing, and write the projected hours "
+                   "to outputs/dryrun/<paper>/<profile>/table_cost.{csv,md}; nothing is cached")
+    d.add_argument("--dry-run-steps", type=int, default=2, metavar="N", help="timed steps per run (default 2)")
+    d.add_argument("--dry-run-cpu-batch", type=int, metavar="N", help="batch timed on a CPU (default 8; scaled to the "
+                   "recipe's batch)")
     sub.add_parser("list", help="papers, their expected tables/figures and what exists in outputs/")
     sub.add_parser("datasets", help="datasets and where each would be loaded from")
     rd = sub.add_parser("readme", help="regenerate the README's results table from outputs/<paper>/claims.csv")
@@ -79,13 +97,18 @@ def main(argv: list[str] | None = None) -> int:
                 logging.basicConfig(format="%(message)s")
                 logging.getLogger("papermill").setLevel(logging.INFO)
             if args.device: os.environ["ATTNREPRO_DEVICE"] = args.device   # the notebooks' kernels inherit it
-            res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output)
-            failed = [p for p, r in res.items() if isinstance(r, PaperFailed)]
+            if args.dry_run: return _dry_run(args)
+            from attnrepro.runner import _kernel_env
+            with _kernel_env(**_scale_env(args)):   # the notebooks' kernels inherit it; restored afterwards
+                _check_executor(args)
+                res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output)
+            pending = [p for p, r in res.items() if isinstance(r, PaperPending)]
+            failed = [p for p, r in res.items() if isinstance(r, PaperFailed) and p not in pending]
             for p, r in res.items():
-                print(f"{p}: {'FAILED' if p in failed else 'ok'}" + ("" if p in failed else
-                      f" ({r['wall_time_s']} s): outputs in {r['parameters']['out_dir']}"))
+                print(f"{p}: {'PENDING' if p in pending else 'FAILED' if p in failed else 'ok'}" + ("" if p in failed else
+                      f": {r}" if p in pending else f" ({r['wall_time_s']} s): outputs in {r['parameters']['out_dir']}"))
             if not res: print("No paper notebooks exist yet (nbs/papers/*.ipynb).")
-            return 1 if failed else 0
+            return 1 if failed else 3 if pending else 0
         if args.command == "list":
             for row in status():
                 print(f"{row['paper']:20s} notebook={'yes' if row['notebook'] else 'no ':3s} {row['title']}")
@@ -121,6 +144,43 @@ def main(argv: list[str] | None = None) -> int:
               "command to resume", file=sys.stderr)
         return 130
     return 0
+
+def _scale_options(args) -> dict:
+    return {"--no-wait": args.no_wait, "--local-jobs": args.local_jobs, "--slurm-partition": args.slurm_partition,
+            "--slurm-gpus": args.slurm_gpus, "--slurm-time": args.slurm_time}
+
+def _scale_env(args) -> dict:
+    "The executor options as the environment variables attnrepro.scale reads in the notebooks' kernels."
+    env = {"ATTNREPRO_EXECUTOR": args.executor} if args.executor else {}
+    if args.no_wait: env["ATTNREPRO_WAIT"] = "0"
+    for flag, key in (("--local-jobs", "ATTNREPRO_LOCAL_JOBS"), ("--slurm-partition", "ATTNREPRO_SLURM_PARTITION"),
+                      ("--slurm-gpus", "ATTNREPRO_SLURM_GPUS"), ("--slurm-time", "ATTNREPRO_SLURM_TIME")):
+        if _scale_options(args)[flag] is not None: env[key] = str(_scale_options(args)[flag])
+    return env
+
+def _check_executor(args) -> None:
+    "The executor (flag or an ATTNREPRO_EXECUTOR set outside) exists, its options fit it, and submitit is there."
+    from attnrepro.scale import executor_name, require_submitit
+    given = _scale_options(args)
+    ex = executor_name()
+    if ex == "serial" and any(v not in (None, False) for v in given.values()):
+        raise ValueError(f"{', '.join(k for k, v in given.items() if v not in (None, False))} only apply to "
+                         "--executor local or slurm")
+    if ex != "serial":
+        try: require_submitit()
+        except ImportError as e: raise ValueError(str(e)) from None
+
+def _dry_run(args) -> int:
+    from attnrepro.runner import dry_run_paper, runnable_papers
+    if args.executor not in (None, "serial") or args.no_wait:
+        raise ValueError("--dry-run trains nothing and runs in the notebook's own process: drop --executor / --no-wait")
+    stopped = False
+    for p in args.paper or runnable_papers():
+        res = dry_run_paper(p, args.profile, steps=args.dry_run_steps, cpu_batch=args.dry_run_cpu_batch,
+                            params=dict(args.param), log_output=args.log_output)
+        print(f"## {p} ({args.profile})\n\n{res['markdown']}\nwritten to {res['out']}/table_cost.csv and .md\n")
+        stopped = stopped or bool(res["stopped"])
+    return 1 if stopped else 0
 
 def _bench(args) -> int:
     from attnrepro.bench import BenchConfig, format_bench, run_bench

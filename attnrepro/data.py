@@ -14,13 +14,14 @@ from PIL import Image
 from tqdm import tqdm
 
 from .core import PACKAGE_DIR, cache_dir, project_root
+from .scale import dry_run_steps
 
 # %% auto #0
-__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'IMAGENET_MEAN', 'IMAGENET_STD',
+__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'NOMINAL', 'IMAGENET_MEAN', 'IMAGENET_STD',
            'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive',
            'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec', 'register_dataset',
-           'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset', 'eval_transform', 'train_crop',
-           'rand_augment', 'train_transform', 'make_embedded_sample']
+           'SyntheticImageDataset', 'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset',
+           'eval_transform', 'train_crop', 'rand_augment', 'train_transform', 'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -351,6 +352,10 @@ class DatasetSpec:
     inclusive_boxes: bool = False  # stored boxes name their last pixel (Tiny-ImageNet); loaded as exclusive ends
     layout: str = ""  # the expected files, named in the not-found error
     download: callable = None  # root -> None: fetch into `root`, only with ATTNREPRO_DOWNLOAD=1 or download=True
+    # the real dataset's size, for a dry run's synthetic stand-in (`SyntheticImageDataset`) when the data is not here:
+    nominal_sizes: dict = field(default_factory=dict)  # split -> number of images
+    nominal_classes: int = 0
+    nominal_image: int = 0  # side of the stored images in pixels (a typical one where they vary)
 
 DATASETS: dict[str, DatasetSpec] = {}
 
@@ -439,6 +444,23 @@ register_dataset(DatasetSpec("stanford_dogs", ("train", "test"), [
     layout="a folder `stanford_dogs/` in a data root: Images/<wnid>-<breed>/*.jpg, Annotation/<wnid>-<breed>/<image "
            "name> (PASCAL-VOC xml boxes), train_list.mat and test_list.mat (top level or in lists/)"))
 
+# the real datasets' split sizes, classes and image side (pixels; a typical one where images vary in size), which a
+# dry run's synthetic stand-in imitates when the data is not here (attnrepro.scale)
+NOMINAL = {
+    "cifar10": ({"train": 50000, "test": 10000}, 10, 32),
+    "cifar100": ({"train": 50000, "test": 10000}, 100, 32),
+    "tiny-imagenet": ({"train": 100000, "val": 10000}, 200, 64),
+    "imagenet": ({"train": 1281167, "val": 50000}, 1000, 256),
+    "stanford_cars": ({"train": 8144, "test": 8041}, 196, 256),
+    "fgvc_aircraft": ({"train": 3334, "val": 3333, "trainval": 6667, "test": 3333}, 100, 256),
+    "oxford_pet": ({"trainval": 3680, "test": 3669}, 37, 256),
+    "flowers102": ({"train": 1020, "val": 1020, "test": 6149}, 102, 256),
+    "cub200": ({"train": 5994, "test": 5794}, 200, 256),
+    "stanford_dogs": ({"train": 12000, "test": 8580}, 120, 256),
+}
+for _name, (_sizes, _classes, _side) in NOMINAL.items():
+    DATASETS[_name].nominal_sizes, DATASETS[_name].nominal_classes, DATASETS[_name].nominal_image = _sizes, _classes, _side
+
 # %% ../nbs/01_data.ipynb #a329be1d
 def _find_source(spec: DatasetSpec, root) -> tuple[Source, Path] | tuple[None, list[str]]:
     roots = [SAMPLE_DIR] if spec.embedded else data_roots(root)
@@ -488,6 +510,29 @@ def _imagenet_samples(path: Path, transform):
     return FileImageDataset(files, [10 * i for i in range(len(files))], wnids, transform,
                             name="imagenet-samples", split="val", source=path)
 
+class SyntheticImageDataset(torch.utils.data.Dataset):
+    """A dry run's stand-in for a dataset that is not here: `n` random RGB images of `side` x `side` pixels in `classes`
+    classes (labels balanced, `i % classes`), each drawn on access from a generator seeded by its index."""
+    def __init__(self, n: int, classes: int, side: int, transform=None, name: str = "", split: str = "", seed: int = 0):
+        self.n, self.side, self.transform, self.name, self.split, self.seed = int(n), int(side), transform, name, split, seed
+        self.targets = np.arange(self.n) % int(classes)
+        self.classes = [f"class_{i}" for i in range(int(classes))]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self.boxes, self.source = None, "synthetic (dry run)"
+
+    def __len__(self): return self.n
+
+    def __getitem__(self, i):
+        rng = np.random.default_rng([self.seed, int(i)])
+        img = Image.fromarray(rng.integers(0, 256, (self.side, self.side, 3), dtype=np.uint8))
+        return (self.transform(img) if self.transform else img), int(self.targets[i])
+
+    def __repr__(self):
+        return (f"SyntheticImageDataset({self.name!r}, split={self.split!r}, n={self.n}, classes={len(self.classes)}, "
+                f"size={self.side}x{self.side})")
+
+_SYNTHETIC_SAID: set = set()
+
 def get_dataset(name: str, split: str, root: Path | str | None = None, transform=None, download: bool | None = None):
     """Dataset `name` (see `list_datasets()`) for `split`; items are `(transform(PIL image), int label)`; `.targets`,
     `.classes` and, where the data has them, `.boxes` (x0, y0, x1, y1), ends exclusive."""
@@ -502,6 +547,13 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
             (download or (download is None and os.environ.get("ATTNREPRO_DOWNLOAD") == "1")):
         spec.download(cache_dir("data"))  # the last data root, so the search below finds it
         src, where = _find_source(spec, root)
+    if src is None and dry_run_steps() and split in spec.nominal_sizes:   # a dry run costs the grid without the data
+        n, c, side = spec.nominal_sizes[split], spec.nominal_classes, spec.nominal_image
+        if (name, split) not in _SYNTHETIC_SAID:
+            _SYNTHETIC_SAID.add((name, split))
+            print(f"[dry run] dataset {name!r} ({split}) is not here: synthetic stand-in of {n:,} random {side}x{side} "
+                  f"images in {c} classes", flush=True)
+        return SyntheticImageDataset(n, c, side, transform, name=name, split=split)
     if src is None:
         raise DataNotFoundError(f"Dataset {name!r} not found. Looked in:\n  " + "\n  ".join(where) +
                                 (f"\nExpected layout: {spec.layout}." if spec.layout else "") +

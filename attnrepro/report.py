@@ -12,12 +12,14 @@ import yaml
 
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
                             git_commit, project_root, resumed_time, run_host)
+from .scale import dry_call, dry_run_steps, executor_name
 from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
-__all__ = ['PROFILES', 'README_START', 'README_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'papers_dir', 'paper_meta',
-           'check_profile', 'load_profile', 'load_reported', 'side_by_side', 'claims_markdown', 'results_table',
-           'pilots_table', 'cost_section', 'update_readme', 'show_figure', 'PaperRun']
+__all__ = ['PROFILES', 'README_START', 'README_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'RECORD_FIELDS', 'papers_dir',
+           'paper_meta', 'check_profile', 'load_profile', 'load_reported', 'side_by_side', 'claims_markdown',
+           'results_table', 'pilots_table', 'cost_section', 'update_readme', 'show_figure', 'run_ckpt_dir',
+           'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -258,6 +260,36 @@ def show_figure(path: Path | str) -> None:
     except ImportError: return
     if get_ipython() is not None: display(Image(filename=str(path)))
 
+RECORD_FIELDS = ("hash", "name", "paper", "profile", "config", "result", "wall_time_s", "git_commit", "host", "finished")
+
+def run_ckpt_dir(paper: str, profile: str, h: str) -> Path:
+    "Where run `h` of `paper` at `profile` checkpoints (in the cache: `ATTNREPRO_CACHE`)."
+    return cache_dir("checkpoints", paper, profile, h)
+
+def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, name: str | None = None,
+                 force: bool = False, write: bool = True, call=None) -> dict:
+    """Train `fn(config, ckpt_dir)` and write its record (`RECORD_FIELDS`, plus `resumed_earlier_s` for a resumed run)
+    to `runs_dir/<hash>.json` atomically; returns the record. `force`: start from scratch (a finished checkpoint is
+    not resumed). `write=False`: train without writing (a non-zero rank of a multi-GPU job). `call(fn, config, ckpt)`
+    replaces the plain call (a dry run's probe)."""
+    h = config_hash(config)
+    t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
+    ckpt = run_ckpt_dir(paper, profile, h)
+    if force and any(ckpt.iterdir()):   # force means train again, not resume a finished checkpoint
+        shutil.rmtree(ckpt); ckpt.mkdir(parents=True)
+    print(f"[run] training {name or h} (config {h})", flush=True)
+    with resumed_time() as earlier: result = (call or (lambda f, c, k: f(c, k)))(fn, config, ckpt)
+    # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
+    rec = dict(hash=h, name=name, paper=paper, profile=profile, config=json.loads(canonical_json(config)),
+               result=result, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
+               host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
+    if write:
+        path = Path(runs_dir) / f"{h}.json"
+        atomic_write_json(path, rec)
+        print(f"[run] finished {name or h} in {rec['wall_time_s']:.0f} s -> {path}", flush=True)
+    return rec
+
 class PaperRun:
     "The output side of one execution of a paper notebook."
     def __init__(self, paper: str, profile: str, out_dir: Path | str, runs_dir: Path | str | None = None,
@@ -268,6 +300,7 @@ class PaperRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.used: dict[str, dict] = {}
+        self.fresh: set[str] = set()   # hashes trained by jobs of run_many in this execution (matters with force)
         self.claims: list[dict] = []
         self.outputs: list[str] = []
         self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
@@ -282,7 +315,11 @@ class PaperRun:
     def label(self) -> str: return f"ours, {self.profile}"
 
     def ckpt_dir(self, h: str) -> Path:
-        return cache_dir("checkpoints", self.paper, self.profile, h)
+        return run_ckpt_dir(self.paper, self.profile, h)
+
+    def has_result(self, h: str) -> bool:
+        "Whether run `h` has a result this execution uses (with `force`: only one trained in this execution)."
+        return (self.runs_dir / f"{h}.json").exists() and (not self.force or h in self.used or h in self.fresh)
 
     def run(self, config, fn, name: str | None = None) -> dict:
         """The cached result of `fn(config, ckpt_dir)`, training only if `runs/<hash>.json` is missing or `force`.
@@ -290,7 +327,7 @@ class PaperRun:
         re-evaluate committed results without risking hours of training)."""
         h = config_hash(config)
         path = self.runs_dir / f"{h}.json"
-        if path.exists() and (not self.force or h in self.used):  # with force, retrain once per execution
+        if self.has_result(h):  # with force, retrain once per execution
             try: rec = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ValueError(f"Cached run {path} is not valid JSON ({e}); delete it to rerun that config") from e
@@ -301,22 +338,24 @@ class PaperRun:
             raise RuntimeError(f"run {name or h!r} (config {h}) has no cached result in {self.runs_dir} and "
                                "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")
         else:
-            t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
-            ckpt = self.ckpt_dir(h)
-            if self.force and any(ckpt.iterdir()):   # force means train again, not resume a finished checkpoint
-                shutil.rmtree(ckpt); ckpt.mkdir(parents=True)
-            print(f"[run] training {name or h} (config {h})", flush=True)
-            with resumed_time() as earlier: result = fn(config, ckpt)
-            # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
-            rec = dict(hash=h, name=name, paper=self.paper, profile=self.profile, config=json.loads(canonical_json(config)),
-                       result=result, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
-                       host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-            if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
-            atomic_write_json(path, rec)
-            print(f"[run] finished {name or h} in {rec['wall_time_s']:.0f} s -> {path}", flush=True)
+            rec = train_record(self.runs_dir, self.paper, self.profile, config, fn, name, force=self.force,
+                               call=dry_call(name, h) if dry_run_steps() else None)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
                         "wall_time_s": rec["wall_time_s"], "device": rec.get("host", {}).get("device_name")}
         return rec["result"]
+
+    def run_many(self, items, fn, depends=None) -> list[dict]:
+        """The results of a grid of runs, `items` being (name, config) pairs, in their order; each as `run(config, fn,
+        name)` gives it (same cache, same records). Executor `ATTNREPRO_EXECUTOR` unset or `serial` (and always under
+        `ATTNREPRO_CACHED_ONLY=1` or in a dry run): `run` in a loop, in order. `local` / `slurm`: the runs without a
+        result first train as submitit jobs (`attnrepro.scale.run_grid`; `ATTNREPRO_WAIT=0`: submit them and raise
+        `RunsPending`). `depends(config)`: the (name, config) runs that must finish before `config` starts."""
+        items = [(name, config) for name, config in items]
+        ex = executor_name()
+        if ex != "serial" and os.environ.get("ATTNREPRO_CACHED_ONLY") != "1" and not dry_run_steps():
+            from attnrepro.scale import run_grid
+            self.fresh |= run_grid(self, items, fn, ex, depends)
+        return [self.run(config, fn, name) for name, config in items]
 
     def table(self, df: pd.DataFrame, table_id: str, caption: str = "") -> pd.DataFrame:
         "Write `table_<id>.csv` and `.md` (the caption, the profile label, then the table)."

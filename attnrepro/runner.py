@@ -9,13 +9,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .core import atomic_write_json, git_commit, package_versions, project_root
+from .core import atomic_write_json, atomic_write_text, cache_dir, git_commit, package_versions, project_root
 from .report import PROFILES, check_profile, load_profile, paper_meta, papers_dir
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'PaperFailed', 'RunInterrupted', 'paper_notebook', 'known_papers',
-           'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters', 'check_parameter',
-           'compact_progress_output', 'run_paper', 'reproduce', 'status']
+__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'DRYRUN_DIR', 'PaperFailed', 'PaperPending', 'RunInterrupted',
+           'paper_notebook', 'known_papers', 'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters',
+           'check_parameter', 'compact_progress_output', 'run_paper', 'dry_run_paper', 'reproduce', 'status']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
@@ -24,6 +24,9 @@ RUNNER_PARAMS = ("profile", "out_dir", "runs_dir", "force")
 
 class PaperFailed(RuntimeError):
     "A paper notebook raised; its previous outputs are untouched."
+
+class PaperPending(PaperFailed):
+    "The notebook submitted runs to a cluster without waiting (`--no-wait`); the message says how many are missing."
 
 class RunInterrupted(KeyboardInterrupt):
     "Ctrl-C during a regeneration; the message says how many runs finished (and were kept) and how to resume."
@@ -130,12 +133,8 @@ def _publish(staging: Path, final: Path) -> None:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     shutil.rmtree(staging, ignore_errors=True)
 
-def run_paper(short: str, profile: str = "smoke", force: bool = False, params: dict | None = None,
-              root=None, log_output: bool = False) -> dict:
-    "Execute `nbs/papers/<short>.ipynb` at `profile` and publish its outputs; returns the manifest."
-    import papermill as pm
-    from papermill.exceptions import PapermillExecutionError
-    root = Path(root or project_root())
+def _checked_params(short: str, profile: str, params: dict | None, root: Path) -> tuple[Path, dict]:
+    "The paper's notebook and `params` checked against its `parameters` cell (errors name what is settable)."
     check_profile(profile)
     known = known_papers(root)
     if short not in known: raise ValueError(f"Unknown paper {short!r}; known papers: {known}")
@@ -150,7 +149,15 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     if bad:
         settable = sorted(set(declared) - set(RUNNER_PARAMS))
         raise ValueError(f"Unknown or reserved parameter(s) {bad} for {short!r}; settable parameters: {settable}")
-    params = {k: check_parameter(k, v, declared[k]) for k, v in params.items()}
+    return nb, {k: check_parameter(k, v, declared[k]) for k, v in params.items()}
+
+def run_paper(short: str, profile: str = "smoke", force: bool = False, params: dict | None = None,
+              root=None, log_output: bool = False) -> dict:
+    "Execute `nbs/papers/<short>.ipynb` at `profile` and publish its outputs; returns the manifest."
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+    root = Path(root or project_root())
+    nb, params = _checked_params(short, profile, params, root)
     final = output_dir(short, profile, root)
     final.mkdir(parents=True, exist_ok=True)
     for stale in final.parent.glob(f".staging-{short}-*"):  # left by a killed regeneration, not a running one
@@ -169,6 +176,9 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
                                 kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except PapermillExecutionError as e:
+        if e.ename == "RunsPending":   # --no-wait: runs were submitted; nothing is published, nothing has failed
+            shutil.rmtree(staging, ignore_errors=True)
+            raise PaperPending(f"{short} ({profile}): runs pending: {e.evalue}") from None
         shutil.rmtree(failed, ignore_errors=True)
         failed.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging, failed)
@@ -199,6 +209,73 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     _publish(staging, final)
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failure of this paper and profile is now stale
     return manifest
+
+# %% ../nbs/08_runner.ipynb #5cf14073
+DRYRUN_DIR = "dryrun"   # outputs/dryrun/<paper>/<profile>/
+
+def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch: int | None = None,
+                  params: dict | None = None, root=None, log_output: bool = False) -> dict:
+    """Cost the grid of `short` at `profile` without training it: every run built at its real size, `steps` timed steps
+    (`cpu_batch`: the batch a CPU times, default 8). Returns dict(table=DataFrame, markdown, stopped=None or why the
+    notebook stopped, out=folder of table_cost.csv/.md)."""
+    import tempfile
+    import papermill as pm
+    from papermill.exceptions import PapermillExecutionError
+    from attnrepro.scale import cost_markdown, cost_table, read_probes
+    root = Path(root or project_root())
+    nb, params = _checked_params(short, profile, params, root)
+    if not (isinstance(steps, int) and steps >= 1): raise ValueError(f"dry run: steps must be an integer >= 1, got {steps!r}")
+    if cpu_batch is not None and not (isinstance(cpu_batch, int) and cpu_batch >= 2):
+        raise ValueError(f"dry run: cpu_batch must be an integer >= 2, got {cpu_batch!r}")
+    tmp = Path(tempfile.mkdtemp(prefix=f"attnrepro-dryrun-{short}-"))
+    try:
+        cache = tmp / "cache"
+        cache.mkdir()
+        for sub in ("data", "extracted", "decoded"):   # data only; checkpoints and teachers of a dry run are throw-away
+            (cache / sub).symlink_to(cache_dir(sub), target_is_directory=True)
+        log = tmp / "probes.jsonl"
+        env = dict(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0", ATTNREPRO_DRY_RUN=str(steps),
+                   ATTNREPRO_DRY_RUN_LOG=str(log), ATTNREPRO_CACHE=str(cache), ATTNREPRO_EXECUTOR="serial",
+                   HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))   # hub weights only if cached: random ones do
+        if cpu_batch: env["ATTNREPRO_DRY_RUN_CPU_BATCH"] = str(cpu_batch)
+        stopped, t0 = None, time.time()
+        executed = tmp / f"{short}.ipynb"
+        try:
+            with _kernel_env(**env):
+                pm.execute_notebook(str(nb), str(executed), kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False,
+                                    parameters=dict(params, profile=profile, out_dir=str(tmp / "out"),
+                                                    runs_dir=str(tmp / "runs"), force=False),
+                                    log_output=log_output, extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        except PapermillExecutionError as e:
+            stopped = f"the notebook stopped in cell {e.exec_count} (index {e.cell_index}): {e.ename}: {e.evalue}"[:800]
+        rows = read_probes(log)
+        df = cost_table(rows)
+        out = root / "outputs" / DRYRUN_DIR / short / profile
+        out.mkdir(parents=True, exist_ok=True)
+        probes = [r for r in rows if r["kind"] == "probe"]
+        shrunk = sorted({(r["batch_recipe"], r["batch_timed"]) for r in probes if r["batch_recipe"] != r["batch_timed"]})
+        devices = sorted({f"{r['device']} ({r['device_name']})" for r in probes})
+        failed = int(df["status"].astype(str).str.startswith("FAILED").sum()) if len(df) else 0
+        caption = (f"**Dry-run cost** of {short} at the {profile} profile ({time.strftime('%Y-%m-%d')}, commit "
+                   f"{git_commit(root)}, on {', '.join(devices) or 'no device: no run reached a training step'}): every "
+                   f"run built at its real size, one warm-up and {steps} timed optimiser step(s), two validation batches "
+                   "(a run's 'fits' include any model it pre-trains on the way, e.g. a smoke teacher); "
+                   "'train h' = step time x optimiser steps per epoch (the real training set over the recipe's batch) x "
+                   "epochs; 'eval h' = the evaluation passes of the recipe likewise. Memory: "
+                   + "; ".join(sorted({r["mem_kind"] for r in probes}) or ["not measured"]) + ". "
+                   + (f"The batch was cut on the CPU (recipe -> timed: {', '.join(f'{a} -> {b}' for a, b in shrunk)}) and the "
+                      "step time scaled linearly to the recipe's batch: an estimate, low for memory-bound steps. " if shrunk else "")
+                   + (f"{failed} run(s) failed (their hours are not in the total). " if failed else "")
+                   + "Hours are on the device named here; analyses after training are not projected."
+                   + (f" INCOMPLETE: {stopped}; runs after that point are not in the table." if stopped else "")
+                   + f" Dry run took {time.time() - t0:.0f} s.")
+        md = caption + "\n\n" + (cost_markdown(df) if len(df) else "(no run reached a training step)") + "\n"
+        df.to_csv(out / "table_cost.csv", index=False)
+        atomic_write_text(out / "table_cost.md", md)
+        if executed.exists(): shutil.copy(executed, out / f"{short}.ipynb")
+        return dict(table=df, markdown=md, stopped=stopped, out=out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../nbs/08_runner.ipynb #47ecbefe
 def reproduce(papers: list[str] | None = None, profile: str = "smoke", force: bool = False,

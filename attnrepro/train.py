@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_train.ipynb #b79e51c6
 from __future__ import annotations
-import atexit, contextlib, dataclasses, json, math, os, random, time
+import atexit, contextlib, dataclasses, itertools, json, math, os, platform, random, time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -24,6 +24,7 @@ from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
 from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
+from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
 __all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
@@ -1004,6 +1005,11 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             torch.backends.cudnn.benchmark = False
         rank, world = _rank(), _world()
         device = _resolve_device(device)
+        # a dry run (attnrepro.scale): a few timed steps, then a projection of the whole recipe; a CPU times a small batch
+        dry, recipe = dry_run_steps(), cfg
+        if (dry and device.type == "cpu" and cfg.batch_size > dry_run_cpu_batch()
+                and not isinstance(train_data, DataLoader)):
+            cfg = dataclasses.replace(cfg, batch_size=dry_run_cpu_batch())
         seed_everything(cfg.seed + rank)
         model.to(device)
         for m in [*method.extra_modules.values(), *method.frozen_modules.values()]: m.to(device)
@@ -1032,8 +1038,11 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
         ckpt = Path(ckpt_dir) / CKPT_NAME if ckpt_dir is not None else None
         start, history, best, wall, resumed_from, mid = 0, [], None, 0.0, None, None
         final_hits = None
-        if ckpt is not None and ckpt.exists():
+        if ckpt is not None and ckpt.exists() and not dry:
             ck = load_checkpoint(ckpt)
+            if ck.get("dry_run"):
+                raise RuntimeError(f"Checkpoint {ckpt} was written by a dry run (a few steps, no optimiser state), not by "
+                                   f"training: delete it (rm '{ckpt}') and train again")
             h = config_hash(cfg)
             if ck.get("cfg_hash") != h or ck.get("method") != method.name:
                 raise RuntimeError(f"Checkpoint {ckpt} belongs to another run (config {ck.get('cfg_hash')}, method "
@@ -1062,6 +1071,8 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                 model, device_ids=[device.index] if device.type == "cuda" else None,
                 find_unused_parameters=method.find_unused_parameters)
 
+        if dry: return _dry_fit(run, recipe, train_data, train_loader, val_loader, val_data, dry, ckpt, evaluate_fn,
+                                record_correct, n_params)
         interval = float(ckpt_interval_s if ckpt_interval_s is not None else os.environ.get("ATTNREPRO_CKPT_INTERVAL_S", 600))
         def save(epoch, it=0, sums=None, loader_epoch_start=None, wall_s=0.0):
             rngs = _gather_rng(gen, mixup)
@@ -1134,6 +1145,98 @@ def _packed_hits(model, val_loader, device, cfg, hits, final: dict) -> str:
                            f"reproduce the final top-1 {final.get('acc1')} on n={final.get('n')}: the evaluation is not "
                            "deterministic on this device; delete the checkpoint and train again")
     return pack_correct(hits)
+
+class _Take:
+    "The first `n` batches of a loader (a dry run's few steps); its sampler and dataset stay visible."
+    def __init__(self, loader, n: int): self.loader, self.n = loader, min(n, len(loader))
+    def __len__(self): return self.n
+    def __iter__(self): return itertools.islice(iter(self.loader), self.n)
+    @property
+    def sampler(self): return self.loader.sampler
+    @property
+    def dataset(self): return self.loader.dataset
+
+def _proc_kb(key: str) -> float | None:
+    "A `/proc/self/status` field in kB (Linux), else None."
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"): return float(line.split()[1])
+    except OSError: pass
+    return None
+
+def _reset_peak(device: torch.device) -> str:
+    "Start a peak-memory measurement on `device`; returns what the peak will mean."
+    if device.type == "cuda":
+        torch.cuda.synchronize(device); torch.cuda.reset_peak_memory_stats(device)
+        return "CUDA max_memory_allocated"
+    try:
+        Path("/proc/self/clear_refs").write_text("5")   # resets VmHWM, the process's peak resident set
+        return "CPU: peak RSS of the whole process during the steps (VmHWM)"
+    except OSError:
+        return "CPU: peak RSS of the whole process since its start (ru_maxrss)"
+
+def _peak_mb(device: torch.device) -> float:
+    if device.type == "cuda": return torch.cuda.max_memory_allocated(device) / 2**20
+    kb = _proc_kb("VmHWM")
+    if kb is None:
+        import resource
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
+    return kb / 1024
+
+def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_loader, val_data, steps: int, ckpt,
+             evaluate_fn, record_correct: bool, n_params: dict) -> dict:
+    """`fit` in a dry run (`attnrepro.scale`): one warm-up and `steps` timed optimiser steps, two validation batches,
+    a probe with the projection of `recipe` (the run's own TrainConfig; `run.cfg` may hold a CPU-sized batch), and a
+    result shaped like `fit`'s (its numbers meaningless). The checkpoint it leaves is marked `dry_run`: only weights."""
+    cfg, dev = run.cfg, run.device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    mem_kind = _reset_peak(dev)
+    stamps = []
+    def on_step(it, sums): sync(); stamps.append(time.perf_counter())
+    t0 = time.perf_counter()
+    row = dict(epoch=0, **train_one_epoch(run, _Take(train_loader, (1 + steps) * cfg.accum_steps), 0, progress=False,
+                                          on_step=on_step))
+    gaps = np.diff([t0] + stamps)
+    times = gaps[1:] if len(gaps) > 1 else gaps   # the first step (allocations, kernel choice) is the warm-up
+    peak, timed = _peak_mb(dev), float(np.median(times))
+    eval_s, hits, vl = None, None, None
+    if val_loader is not None:
+        vl = _Take(val_loader, 2)
+        te = time.perf_counter()
+        m = _eval(run.model, vl, val_data, dev, cfg, evaluate_fn, return_correct=record_correct)
+        sync()
+        eval_s = (time.perf_counter() - te) / max(1, len(vl))
+        hits = m.pop("correct", None)
+        row.update({f"val_{k}": v for k, v in m.items()})
+    row["epoch_time_s"] = time.perf_counter() - t0
+    history = [row]
+    best = {k[4:]: v for k, v in row.items() if k.startswith("val_")} | {"epoch": 0} if val_loader is not None else None
+    res = _result(run, history, best, row["epoch_time_s"], None, n_params)
+    if record_correct: res["final"]["correct"] = _packed_hits(run.model, vl, dev, cfg, hits, res["final"])
+    world, scale = _world(), recipe.batch_size / cfg.batch_size   # step time taken as linear in the batch
+    if isinstance(train_data, DataLoader): n_train, batches = len(train_data.dataset), len(train_data)
+    else: n_train, batches = len(train_data), len(train_data) // (recipe.batch_size * world)
+    spe = -(-batches // recipe.accum_steps)
+    n_val = 0 if val_data is None else len(val_data.dataset if isinstance(val_data, DataLoader) else val_data)
+    val_batches = -(-n_val // (recipe.batch_size * world)) if n_val else 0
+    n_evals = (recipe.epochs // recipe.eval_every + (recipe.epochs % recipe.eval_every != 0)) if vl is not None else 0
+    passes = 2 if recipe.ema_decay is not None else 1   # the EMA model is evaluated too
+    probe = dict(method=run.method.name, device=str(dev), amp=recipe.amp, world_size=world,
+                 device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
+                 batch_recipe=recipe.batch_size, batch_timed=cfg.batch_size, accum_steps=recipe.accum_steps,
+                 steps_timed=len(times), step_s_timed=timed, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
+                 n_train=n_train, steps_per_epoch=spe, epochs=recipe.epochs, train_h=timed * scale * spe * recipe.epochs / 3600,
+                 eval_s_batch=eval_s, n_val=n_val, n_evals=n_evals,
+                 eval_h=(eval_s or 0.0) * scale * val_batches * n_evals * passes / 3600, n_params=n_params["n_params"])
+    record_probe(probe)
+    res["dry_run"] = probe
+    if ckpt is not None and _rank() == 0:   # weights for analyses that load the run's model; never resumed
+        atomic_torch_save(dict(format=1, cfg_hash=config_hash(recipe), method=run.method.name, epoch=recipe.epochs,
+                               step=run.step, model=run.model.state_dict(),
+                               extra={k: m.state_dict() for k, m in run.method.extra_modules.items()}, optimizer={},
+                               ema=None, method_state=run.method.state_dict(), rng=[], history=history, best=best,
+                               wall_time_s=0.0, it=0, sums=None, loader_epoch_start=None, dry_run=True), ckpt)
+    return res
 
 def _plain(d: dict, who: str) -> dict:
     "Metrics as plain finite floats/ints, so results stay JSON-serialisable."

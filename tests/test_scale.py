@@ -1,0 +1,259 @@
+"""Grids of runs on submitit executors (PaperRun.run_many, attnrepro.scale) and the dry run that costs a grid."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from attnrepro.cli import main
+from attnrepro.core import config_hash
+from attnrepro.report import RECORD_FIELDS, PaperRun
+from attnrepro.scale import GridFailed, RunsPending, marker_path, require_submitit
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grid_paper.ipynb"
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    "A throw-away cache and jobs folder; local jobs two at a time, polled often."
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("ATTNREPRO_JOBS_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("ATTNREPRO_LOCAL_JOBS", "2")
+    monkeypatch.setenv("ATTNREPRO_POLL_S", "0.2")
+    for k in ("ATTNREPRO_EXECUTOR", "ATTNREPRO_WAIT", "ATTNREPRO_DRY_RUN", "ATTNREPRO_CACHED_ONLY"):
+        monkeypatch.delenv(k, raising=False)
+    return tmp_path
+
+
+def make_fn(sleep_s: float = 0.0):
+    "A run function defined here (a closure: cloudpickle sends it by value, as it does a notebook's function)."
+    offset = 7
+    def fn(cfg, ckpt_dir):
+        import os, time
+        time.sleep(sleep_s)
+        (Path(ckpt_dir) / "checkpoint.pth").write_text("done")
+        return {"value": cfg["seed"] * 10 + offset, "pid": os.getpid()}
+    return fn
+
+
+GRID = [(f"arm a seed {s}", {"arm": "a", "seed": s}) for s in (0, 1)]
+
+
+def test_local_executor_runs_in_separate_processes_and_equals_serial(env, monkeypatch, capsys):
+    fn = make_fn()
+    serial = PaperRun("grid", "smoke", env / "serial").run_many(GRID, fn)
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    pr = PaperRun("grid", "smoke", env / "local")
+    local = pr.run_many(GRID, fn)
+    pids = {r["pid"] for r in local}
+    assert os.getpid() not in pids and len(pids) == 2   # each run in its own process
+    assert [{k: v for k, v in r.items() if k != "pid"} for r in local] == \
+           [{k: v for k, v in r.items() if k != "pid"} for r in serial] == [{"value": 7}, {"value": 17}]
+    for name, cfg in GRID:   # the same record, written by the job
+        a = json.loads((env / "serial" / "runs" / f"{config_hash(cfg)}.json").read_text())
+        b = json.loads((env / "local" / "runs" / f"{config_hash(cfg)}.json").read_text())
+        assert set(RECORD_FIELDS) <= set(b) and b["name"] == a["name"] == name and b["config"] == a["config"]
+        assert not marker_path(pr.runs_dir, config_hash(cfg)).exists()   # the job removed its marker
+    assert list(pr.used) == [config_hash(c) for _, c in GRID]
+    # a second call (a new execution of the notebook) skips the finished runs: only the new one is submitted
+    capsys.readouterr()
+    again = PaperRun("grid", "smoke", env / "local").run_many(GRID + [("arm a seed 2", {"arm": "a", "seed": 2})], fn)
+    assert again[:2] == local and again[2]["value"] == 27
+    out = capsys.readouterr().out
+    assert out.count("[grid] submitted") == 1 and "arm a seed 2" in out
+
+
+def test_dependencies_finish_first(env, monkeypatch):
+    "A run that needs another run of the grid (a teacher) is submitted once that run has its result."
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    pr = PaperRun("grid", "smoke", env)
+    runs_dir = str(pr.runs_dir)
+    def fn(cfg, ckpt_dir):
+        if "teacher" in cfg:   # the teacher's result must be there when this job starts
+            t = json.loads((Path(runs_dir) / f"{config_hash(cfg['teacher'])}.json").read_text())
+            return {"value": t["result"]["value"] + 1}
+        return {"value": cfg["seed"]}
+    teacher = {"arm": "ft", "seed": 5}
+    student = {"arm": "copy", "teacher": teacher}
+    deps = lambda c: [("ft", c["teacher"])] if "teacher" in c else []
+    assert pr.run_many([("copy", student)], fn, depends=deps) == [{"value": 6}]
+    assert (pr.runs_dir / f"{config_hash(teacher)}.json").exists()
+
+
+def test_no_wait_submits_then_gathers(env, monkeypatch):
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    monkeypatch.setenv("ATTNREPRO_WAIT", "0")
+    fn = make_fn(sleep_s=4)
+    pr = PaperRun("grid", "smoke", env)
+    with pytest.raises(RunsPending) as e:
+        pr.run_many(GRID, fn)
+    msg = str(e.value)
+    assert "2 run(s) submitted to local now" in msg and "2 of the grid's 2 runs have no result yet" in msg
+    assert "Re-run the same `attnrepro reproduce` command" in msg
+    markers = [marker_path(pr.runs_dir, config_hash(c)) for _, c in GRID]
+    ids = {json.loads(m.read_text())["job_id"] for m in markers}
+    assert len(ids) == 2 and all(i in msg for i in ids)
+    # again while the jobs run: nothing is submitted twice
+    with pytest.raises(RunsPending) as e:
+        PaperRun("grid", "smoke", env).run_many(GRID, fn)
+    assert "0 run(s) submitted to local now" in str(e.value) and "2 still queued or running" in str(e.value)
+    deadline = time.time() + 120
+    while not all((pr.runs_dir / f"{config_hash(c)}.json").exists() for _, c in GRID):
+        assert time.time() < deadline, "the local jobs did not finish"
+        time.sleep(0.5)
+    # once they are done, the same call gathers them without submitting anything
+    done = PaperRun("grid", "smoke", env).run_many(GRID, fn)
+    assert [r["value"] for r in done] == [7, 17] and not any(m.exists() for m in markers)
+
+
+def test_stale_marker_is_replaced_and_reported(env, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    pr = PaperRun("grid", "smoke", env)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"]); dead.wait()   # a pid that has ended
+    h = config_hash(GRID[0][1])
+    marker_path(pr.runs_dir, h).write_text(json.dumps({"job_id": str(dead.pid), "executor": "local", "folder": "/gone"}))
+    assert [r["value"] for r in pr.run_many(GRID[:1], make_fn())] == [7]
+    out = capsys.readouterr().out
+    assert "1 earlier job(s) ended without a result" in out and str(dead.pid) in out
+
+
+def test_failed_job_is_named_with_its_log(env, monkeypatch):
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    def fn(cfg, ckpt_dir):
+        if cfg["seed"] == 1: raise ValueError("diverged at step 3")
+        return {"value": 0}
+    pr = PaperRun("grid", "smoke", env)
+    with pytest.raises(GridFailed) as e:
+        pr.run_many(GRID, fn)
+    assert "1 run(s) of the grid failed: arm a seed 1" in str(e.value) and "diverged at step 3" in str(e.value)
+    assert (pr.runs_dir / f"{config_hash(GRID[0][1])}.json").exists()   # the other run finished and is kept
+
+
+def test_unknown_executor_and_missing_submitit(env, monkeypatch, capsys):
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "cluster")
+    with pytest.raises(ValueError, match="not an executor; valid: serial, local, slurm"):
+        PaperRun("grid", "smoke", env).run_many(GRID, make_fn())
+    with pytest.raises(SystemExit):   # argparse lists the choices
+        main(["reproduce", "--paper", "grid", "--executor", "cluster"])
+    assert "invalid choice: 'cluster'" in capsys.readouterr().err
+    assert main(["reproduce", "--paper", "grid"]) == 2   # a bad ATTNREPRO_EXECUTOR from outside, before any notebook
+    assert "ATTNREPRO_EXECUTOR='cluster'" in capsys.readouterr().err
+    monkeypatch.delenv("ATTNREPRO_EXECUTOR")
+    assert main(["reproduce", "--paper", "grid", "--no-wait"]) == 2
+    assert "only apply to --executor local or slurm" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "submitit", None)   # as if it were not installed
+    with pytest.raises(ImportError, match="pip install submitit"):
+        require_submitit()
+    assert main(["reproduce", "--paper", "grid", "--executor", "local"]) == 2
+    assert "pip install submitit" in capsys.readouterr().err
+
+
+@pytest.fixture
+def project(env, monkeypatch):
+    "A throw-away project holding the grid fixture notebook."
+    root = env / "project"
+    (root / "nbs" / "papers").mkdir(parents=True)
+    shutil.copy(FIXTURE, root / "nbs" / "papers" / "grid.ipynb")
+    (root / "papers" / "grid").mkdir(parents=True)
+    (root / "papers" / "grid" / "paper.yaml").write_text("short: grid\ntitle: Grid\noutputs: [table_1]\n")
+    (root / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
+    monkeypatch.chdir(root)
+    return root
+
+
+def test_notebook_grid_on_local_executor(project, capsys):
+    "From a papermill-executed notebook (ipykernel's __main__): the runs are jobs, the notebook gathers them."
+    assert main(["reproduce", "--paper", "grid", "--profile", "mini", "--executor", "local"]) == 0
+    out = project / "outputs" / "grid"
+    t = (out / "table_1.csv").read_text().splitlines()
+    rows = [dict(zip(t[0].split(","), r.split(","))) for r in t[1:]]
+    assert len(rows) == 2 and len({r["pid"] for r in rows}) == 2 and {r["offset"] for r in rows} == {"100"}
+    assert len(list((out / "runs").glob("*.json"))) == 2 and not list((out / "runs").glob("*.job"))
+    serial = json.loads(next((out / "runs").glob("*.json")).read_text())
+    assert serial["result"]["steps"] == 2 * (1437 // 32)   # two epochs of the digits training split
+
+
+def test_dry_run_costs_the_grid_and_caches_nothing(project, capsys):
+    assert main(["reproduce", "--paper", "grid", "--profile", "smoke", "--dry-run", "--dry-run-steps", "2"]) == 0
+    out = project / "outputs" / "dryrun" / "grid" / "smoke"
+    import pandas as pd
+    t = pd.read_csv(out / "table_cost.csv")
+    assert list(t.run) == ["linear seed 0", "linear seed 1", "TOTAL (2 runs)"]
+    r = t.iloc[0]
+    assert r["status"] == "ok" and float(r["batch (recipe)"]) == 32 and float(r["batch (timed)"]) == 8   # cut on the CPU
+    assert r["steps/epoch"] == 1437 // 32 and r["epochs"] == 2 and r["step s (timed batch)"] > 0
+    assert r["step s (recipe batch)"] == pytest.approx(4 * r["step s (timed batch)"]) and r["peak memory GB"] > 0
+    assert r["train h"] == pytest.approx(r["step s (recipe batch)"] * 44 * 2 / 3600)
+    assert t["total h"].iloc[-1] == pytest.approx(t["total h"].iloc[:2].sum())
+    md = (out / "table_cost.md").read_text()
+    assert "recipe -> timed: 32 -> 8" in md and "VmHWM" in md and "INCOMPLETE" not in md
+    assert "table_cost.csv and .md" in capsys.readouterr().out
+    assert not (project / "outputs" / "smoke").exists() and not (project / "outputs" / "grid").exists()
+    assert not (Path(os.environ["ATTNREPRO_CACHE"]) / "checkpoints").exists()   # no checkpoint in the real cache
+
+
+def test_synthetic_stand_in_and_dry_checkpoints(env, monkeypatch):
+    "A missing dataset becomes synthetic data of its real size in a dry run only; a dry checkpoint is never resumed."
+    import attnrepro.data as data
+    import torch
+    from attnrepro.train import TrainConfig, fit
+    monkeypatch.setattr(data, "_find_source", lambda spec, root: (None, ["/nowhere"]))
+    with pytest.raises(data.DataNotFoundError):
+        data.get_dataset("imagenet", "val")
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    va = data.get_dataset("imagenet", "val", transform=data.eval_transform(32))
+    assert len(va) == 50000 and len(va.classes) == 1000 and va[1001][1] == 1 and tuple(va[3][0].shape) == (3, 32, 32)
+    assert torch.equal(va[3][0], va[3][0])   # drawn from its index: the same image every time
+    sub = data.class_balanced_subset(va, per_class=2)
+    assert len(sub) == 2000
+    tr = data.get_dataset("cifar10", "train", transform=data.eval_transform(8))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64, 10))
+    res = fit(model, tr, None, TrainConfig(epochs=3, batch_size=64, warmup_epochs=0), ckpt_dir=env, progress=False)
+    p = res["dry_run"]
+    assert p["steps_per_epoch"] == 50000 // 64 and p["batch_timed"] == 8 and p["steps_timed"] == 1
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN")
+    with pytest.raises(RuntimeError, match="written by a dry run"):
+        fit(model, torch.utils.data.TensorDataset(torch.zeros(64, 3, 8, 8), torch.zeros(64, dtype=torch.long)),
+            None, TrainConfig(epochs=3, batch_size=64, warmup_epochs=0), ckpt_dir=env, progress=False)
+
+
+def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
+    "The slurm path against stand-ins for sbatch / sacct / srun: the job script, markers, live and stale jobs, gathering."
+    from attnrepro.report import train_record
+    bin_, state, last = env / "bin", env / "sacct_state", env / "last_job"
+    bin_.mkdir()
+    state.write_text("PENDING")
+    last.write_text("4241")
+    def tool(name, body):
+        (bin_ / name).write_text("#!/bin/sh\n" + body)
+        (bin_ / name).chmod(0o755)
+    tool("srun", "exit 0\n")
+    tool("sbatch", f'n=$(($(cat {last}) + 1)); echo $n > {last}; echo "Submitted batch job $n"\n')
+    tool("sacct", 'echo "JobID|State|NodeList"\nwhile [ $# -gt 0 ]; do [ "$1" = "-j" ] && ids="$ids $2"; shift; done\n'
+                  f'for j in $(echo $ids | tr , " "); do echo "$j|$(cat {state})|node1"; done\n')   # -j once per job
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    for k, v in dict(ATTNREPRO_EXECUTOR="slurm", ATTNREPRO_WAIT="0", ATTNREPRO_SLURM_PARTITION="gpu",
+                     ATTNREPRO_SLURM_GPUS="2", ATTNREPRO_SLURM_TIME="600").items():
+        monkeypatch.setenv(k, v)
+    fn = make_fn()
+    with pytest.raises(RunsPending, match=r"2 run\(s\) submitted to slurm now \(job ids 4242, 4243\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)
+    script = next((env / "jobs" / "grid" / "paper").glob("**/4242_submission.sh")).read_text()
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --time=600"):
+        assert line in script, script
+    with pytest.raises(RunsPending, match=r"0 run\(s\) submitted.*2 still queued or running.*\(job ids 4242, 4243\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)   # pending jobs are not submitted twice
+    state.write_text("FAILED")
+    capsys.readouterr()
+    with pytest.raises(RunsPending, match=r"2 run\(s\) submitted to slurm now \(job ids 4244, 4245\)"):
+        PaperRun("grid", "paper", env).run_many(GRID, fn)   # failed without a result: submitted again, and said so
+    assert "2 earlier job(s) ended without a result" in capsys.readouterr().out
+    pr = PaperRun("grid", "paper", env)
+    for name, cfg in GRID:   # what the jobs do on the cluster: write the records (and drop their markers)
+        train_record(pr.runs_dir, "grid", "paper", cfg, fn, name)
+        marker_path(pr.runs_dir, config_hash(cfg)).unlink()
+    assert [r["value"] for r in pr.run_many(GRID, fn)] == [7, 17]   # gathered, nothing submitted
