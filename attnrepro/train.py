@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
+from timm.optim import param_groups_layer_decay
 from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
@@ -475,6 +476,11 @@ class TrainConfig:
     min_lr: float = 1e-6
     warmup_epochs: float = 5.0
     weight_decay: float = 0.05            # not applied to biases, norms, pos_embed, cls_token
+    # layer-wise lr decay (BEiT / MAE fine-tuning, timm's param_groups_layer_decay): in a timm model with L blocks,
+    # block i (0-based) trains at lr x layer_decay ** (L - i), the embeddings at layer_decay ** (L + 1), the head at lr
+    # (timm groups the final norm with the last block; MAE's script puts it with the head); modules without timm's
+    # group_matcher (a method's heads) at lr. None: off; hash-neutral at None
+    layer_decay: float | None = dataclasses.field(default=None, metadata=OMIT_AT_DEFAULT)
     optimizer: str = "adamw"
     momentum: float = 0.9                 # sgd / lars
     betas: tuple[float, float] = (0.9, 0.999)  # adamw
@@ -508,6 +514,8 @@ class TrainConfig:
         if not 0 <= self.min_lr: bad("min_lr", "must be >= 0")
         if not 0 <= self.warmup_epochs < self.epochs: bad("warmup_epochs", f"must be in [0, epochs={self.epochs})")
         if not self.weight_decay >= 0: bad("weight_decay", "must be >= 0")
+        if self.layer_decay is not None and not (isinstance(self.layer_decay, (int, float)) and 0 < self.layer_decay <= 1):
+            bad("layer_decay", "must be None (off) or a number in (0, 1], e.g. 0.75 as in MAE's ViT-L fine-tuning")
         if not 0 <= self.momentum < 1: bad("momentum", "must be in [0, 1)")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas): bad("betas", "must be two numbers in [0, 1)")
         if self.grad_clip is not None and not self.grad_clip > 0: bad("grad_clip", "must be None or > 0")
@@ -574,20 +582,28 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 # %% ../nbs/06_train.ipynb #5bfbf015
-def param_groups(modules: Mapping[str, nn.Module], weight_decay: float) -> list[dict]:
-    "Two param groups (decay / no decay) over the trainable params of `modules`, each param once."
-    decay, no_decay, seen = [], [], set()
+def param_groups(modules: Mapping[str, nn.Module], weight_decay: float, layer_decay: float | None = None) -> list[dict]:
+    """Param groups over the trainable params of `modules`, each param once: decay / no decay; with `layer_decay`, a
+    timm model (one with `group_matcher`) is split per layer by timm's `param_groups_layer_decay`, each group with its
+    `lr_scale` (which `fit`'s schedule multiplies in); the params of other modules stay in the two plain groups."""
+    decay, no_decay, seen, layered = [], [], set(), []
     for mname, m in modules.items():
         skip = set(m.no_weight_decay()) if hasattr(m, "no_weight_decay") else set()
+        if layer_decay is not None and hasattr(m, "group_matcher"):
+            for g in param_groups_layer_decay(m, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay):
+                ps = [p for p in g["params"] if id(p) not in seen]   # a param shared with an earlier module: once
+                seen.update(id(p) for p in ps)
+                layered.append(dict(g, params=ps))
+            continue
         for n, p in m.named_parameters():
             if not p.requires_grad or id(p) in seen: continue
             seen.add(id(p))
             (no_decay if p.ndim <= 1 or n in skip or n.split(".")[-1] in skip else decay).append(p)
-    return [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
+    return layered + [dict(params=decay, weight_decay=weight_decay), dict(params=no_decay, weight_decay=0.0)]
 
 def build_optimizer(cfg: TrainConfig, modules: Mapping[str, nn.Module]) -> torch.optim.Optimizer:
     "The optimiser named by `cfg.optimizer` over `modules` (lr is set per step by the schedule)."
-    groups = [g for g in param_groups(modules, cfg.weight_decay) if g["params"]]
+    groups = [g for g in param_groups(modules, cfg.weight_decay, cfg.layer_decay) if g["params"]]
     if not groups: raise ValueError("No trainable parameters: every parameter has requires_grad=False.")
     if cfg.optimizer == "adamw": return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
     if cfg.optimizer == "sgd": return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)

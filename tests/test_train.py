@@ -146,6 +146,8 @@ def test_evaluate_sends_batches_to_the_models_device(monkeypatch):
     (dict(accum_steps=0), r"TrainConfig\.accum_steps=0: must be an integer >= 1"),
     (dict(accum_steps=2.0), r"accum_steps=2\.0"),
     (dict(accum_steps=True), r"accum_steps=True"),
+    (dict(layer_decay=0), r"TrainConfig\.layer_decay=0: must be None \(off\) or a number in \(0, 1\]"),
+    (dict(layer_decay=1.5), r"layer_decay=1\.5"),
 ])
 def test_bad_config(kw, match):
     with pytest.raises(ValueError, match=match): TrainConfig(**kw)
@@ -496,12 +498,53 @@ def test_accum_steps_at_default_leaves_hashes_alone():
     import dataclasses
     cfg = TrainConfig(**GOLDEN_TRAIN)
     assert config_hash(cfg) == GOLDEN_TRAIN_HASH
-    assert config_hash(cfg) == config_hash({k: v for k, v in dataclasses.asdict(cfg).items() if k != "accum_steps"})
+    assert config_hash(cfg) == config_hash({k: v for k, v in dataclasses.asdict(cfg).items()
+                                              if k not in ("accum_steps", "layer_decay")})   # both hash-neutral at default
     assert config_hash(dataclasses.replace(cfg, accum_steps=2)) != GOLDEN_TRAIN_HASH   # a real change still counts
     run = ROOT / "outputs" / "aal" / "runs" / "010adbc0a9f507e0.json"
     if run.exists():   # the committed record itself: its config still hashes to its name
         rec = json.loads(run.read_text())
         assert rec["config"]["train"] == GOLDEN_TRAIN and config_hash(rec["config"]) == rec["hash"] == run.stem
+
+
+def test_layer_decay_at_default_leaves_hashes_alone():
+    import dataclasses
+    cfg = TrainConfig(**GOLDEN_TRAIN)
+    assert cfg.layer_decay is None and config_hash(cfg) == GOLDEN_TRAIN_HASH
+    assert config_hash(dataclasses.replace(cfg, layer_decay=0.75)) != GOLDEN_TRAIN_HASH
+
+
+def test_layer_decay_scales_lr_per_block_as_mae():
+    "MAE / BEiT layer-wise decay: block i of L at d ** (L - i), embeddings at d ** (L + 1), head at 1; fit applies it."
+    from attnrepro.train import build_optimizer
+    d, model, head = 0.5, tiny_vit(), nn.Linear(4, 4)   # head: a method's extra module (no group_matcher)
+    opt = build_optimizer(TrainConfig(**FAST, layer_decay=d), {"model": model, "extra": head})
+    scale = {id(p): g.get("lr_scale", 1.0) for g in opt.param_groups for p in g["params"]}
+    names = dict(model.named_parameters())
+    assert len(scale) == sum(1 for _ in model.parameters()) + 2   # every trainable param once
+    L = len(model.blocks)
+    for n, p in names.items():
+        want = (d ** (L + 1) if n in ("cls_token", "pos_embed") or n.startswith("patch_embed")
+                else d ** (L - int(n.split(".")[1])) if n.startswith("blocks.")
+                else d ** 1 if n.startswith("norm.")   # timm groups the final norm with the last block
+                else 1.0)
+        assert scale[id(p)] == pytest.approx(want), n
+    assert all(scale[id(p)] == 1.0 for p in head.parameters())
+    wd = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert wd[id(names["pos_embed"])] == 0 and wd[id(names["blocks.0.norm1.weight"])] == 0
+    assert wd[id(names["blocks.0.attn.qkv.weight"])] == FAST.get("weight_decay", 0.05)
+    # fit multiplies the scheduled lr by each group's scale: one plain SGD step (constant lr) moves each param by
+    # lr x its scale x its gradient
+    import copy
+    data = toy_data(16)
+    x, y = data.tensors
+    ref = copy.deepcopy(model)
+    F.cross_entropy(ref(x), y).backward()
+    fit(model, data, toy_data(16, seed=1), TrainConfig(epochs=1, batch_size=16, lr=0.1, min_lr=0.1, warmup_epochs=0,
+        optimizer="sgd", momentum=0.0, weight_decay=0.0, layer_decay=d), progress=False)
+    for n, p in dict(ref.named_parameters()).items():
+        step = (p.detach() - names[n].detach())
+        torch.testing.assert_close(step, 0.1 * scale[id(names[n])] * p.grad, rtol=1e-3, atol=1e-7, msg=n)
 
 
 # --------------------------------------------------------------------------- subprocesses
