@@ -21,7 +21,8 @@ __all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATA
            'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive',
            'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec', 'register_dataset',
            'SyntheticImageDataset', 'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset',
-           'eval_transform', 'train_crop', 'rand_augment', 'train_transform', 'make_embedded_sample']
+           'eval_view', 'eval_transform', 'eval_frame_boxes', 'train_crop', 'rand_augment', 'train_transform',
+           'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -633,12 +634,31 @@ def _check_preset(preset):
     if preset not in AUGMENT_PRESETS:
         raise ValueError(f"Unknown augmentation preset {preset!r}; valid: {sorted(AUGMENT_PRESETS)}")
 
+def _eval_resize(img_size: int) -> int:
+    "The shorter side `eval_transform` resizes to: 224's 0.875 crop ratio for large inputs, none at <= 64 px."
+    return img_size if img_size <= 64 else int(round(img_size / 0.875))
+
+def eval_view(img_size: int):
+    "The geometry of `eval_transform` alone (resize + centre crop, a PIL image out): what the model sees, for figures."
+    from torchvision import transforms as T
+    return T.Compose([T.Resize(_eval_resize(img_size), interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(img_size)])
+
 def eval_transform(img_size: int):
     "Resize (shorter side, keeping 224's 0.875 crop ratio for large inputs) + centre crop + normalise."
     from torchvision import transforms as T
-    resize = img_size if img_size <= 64 else int(round(img_size / 0.875))
-    return T.Compose([T.Resize(resize, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(img_size),
-                      T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return T.Compose([*eval_view(img_size).transforms, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+
+def eval_frame_boxes(boxes, size: tuple[int, int], img_size: int) -> np.ndarray:
+    """(k, 4) boxes (x0, y0, x1, y1, ends exclusive) of an image of `size` (width, height) as they land in the
+    `img_size` square that `eval_transform` makes of it (torchvision's Resize and CenterCrop arithmetic), clipped to
+    it; boxes the crop removes entirely are dropped. The identity for an image already `img_size` square."""
+    w, h = size
+    r = _eval_resize(img_size)
+    nw, nh = (r, int(r * h / w)) if w <= h else (int(r * w / h), r)   # Resize(int): shorter side -> r
+    left, top = int(round((nw - img_size) / 2.0)), int(round((nh - img_size) / 2.0))
+    b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) * np.array([nw / w, nh / h, nw / w, nh / h])
+    b = np.clip(b - np.array([left, top, left, top]), 0, img_size)
+    return b[(b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])]
 
 def _at_least_one_bit(level_fn, level, hparams):
     "A timm posterize level function floored at 1 bit kept (Pillow >= 12 refuses 0 bits)."

@@ -489,10 +489,11 @@ def to_pixels(maps: torch.Tensor, img_size: tuple[int, int]) -> torch.Tensor:
 
 @torch.no_grad()
 def attention_jaccard(model: nn.Module, data, keep_mass: float = 0.6, layer: int = -1, head_reduce: str = "max",
-                      batch_size: int = 64, device: str | torch.device | None = None) -> dict:
-    """Mean Jaccard of the `keep_mass` CLS-attention masks with the union of each image's boxes (`data.boxes`),
-    computed on `device` (default: the model's)."""
-    boxes = getattr(data, "boxes", None)
+                      batch_size: int = 64, device: str | torch.device | None = None, boxes=None) -> dict:
+    """Mean Jaccard of the `keep_mass` CLS-attention masks with the union of each image's boxes (`boxes`, default
+    `data.boxes`; in the frame of the images `data` yields: see `attnrepro.data.eval_frame_boxes`), computed on
+    `device` (default: the model's)."""
+    boxes = getattr(data, "boxes", None) if boxes is None else boxes
     if boxes is None:
         raise ValueError("attention_jaccard: the dataset has no `boxes` (use the Tiny-ImageNet val split or a "
                          "subset of it)")

@@ -146,3 +146,23 @@ def test_full_offline_data(shared_data):
     s = get_dataset("imagenet-samples", "val")
     assert len(s) == 100 and s.targets[:3] == [0, 10, 20]
     assert s[0][0].mode == "RGB"
+
+
+def test_eval_frame_boxes_follow_the_eval_crop():
+    "Boxes mapped into eval_transform's frame match a white box rendered and cropped by eval_view, within a pixel."
+    from PIL import Image
+    from attnrepro.data import eval_frame_boxes, eval_view
+    box = [50, 100, 400, 300]
+    for (w, h), img_size in (((500, 375), 224), ((375, 500), 224), ((80, 64), 64), ((500, 375), 32)):
+        img = np.zeros((h, w, 3), np.uint8)
+        x0, y0, x1, y1 = [round(v * s) for v, s in zip(box, (w / 500, h / 500, w / 500, h / 500))]
+        img[y0:y1, x0:x1] = 255
+        seen = np.asarray(eval_view(img_size)(Image.fromarray(img)))[..., 0] > 127
+        assert seen.shape == (img_size, img_size)
+        ys, xs = np.nonzero(seen)
+        got = eval_frame_boxes([[x0, y0, x1, y1]], (w, h), img_size)
+        assert got.shape == (1, 4)
+        np.testing.assert_allclose(got[0], [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], atol=1.0)
+    # an image already square at img_size: the identity; a box the crop removes: dropped
+    np.testing.assert_array_equal(eval_frame_boxes([[3, 4, 60, 50]], (64, 64), 64), [[3, 4, 60, 50]])
+    assert eval_frame_boxes([[0, 0, 20, 20]], (500, 375), 224).shape == (0, 4)
