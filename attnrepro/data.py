@@ -399,6 +399,14 @@ register_dataset(DatasetSpec("imagenet", ("train", "val"), [
     _IMAGENET_GET,
     layout="a folder `imagenet/` (or `ILSVRC2012/`) in a data root holding train/<wnid>/*.JPEG and "
            "val/<wnid>/*.JPEG (torchvision ImageFolder; classes = the sorted wnids, 1000 for ImageNet-1k)"))
+# AttnDistill's ImageNet-Subset: 100 ImageNet classes its supplement does not list, so the user's own folder
+register_dataset(DatasetSpec("imagenet-subset", ("train", "val"), [
+    Source("imagenet-subset", None, "folder", load=_load_imagenet),
+    Source("imagenet100", None, "folder", load=_load_imagenet)],
+    "copy or symlink the subset's 100 class folders out of an ImageNet tree (see 'imagenet': " + _IMAGENET_GET + "); "
+    "the AttnDistill supplement does not list its classes, CMC's ImageNet-100 list is the usual choice",
+    layout="a folder `imagenet-subset/` (or `imagenet100/`) in a data root holding train/<wnid>/*.JPEG and "
+           "val/<wnid>/*.JPEG for the subset's 100 classes (torchvision ImageFolder, as 'imagenet')"))
 register_dataset(DatasetSpec("cifar100", ("train", "test"), [
     Source("cifar-100-python", functools.partial(_decode_cifar_torchvision, tv_class="CIFAR100"), "folder")],
     "the python version from https://www.cs.toronto.edu/~kriz/cifar.html (cifar-100-python.tar.gz, untarred), or "
@@ -452,6 +460,7 @@ NOMINAL = {
     "cifar100": ({"train": 50000, "test": 10000}, 100, 32),
     "tiny-imagenet": ({"train": 100000, "val": 10000}, 200, 64),
     "imagenet": ({"train": 1281167, "val": 50000}, 1000, 256),
+    "imagenet-subset": ({"train": 126689, "val": 5000}, 100, 256),   # CMC's ImageNet-100
     "stanford_cars": ({"train": 8144, "test": 8041}, 196, 256),
     "fgvc_aircraft": ({"train": 3334, "val": 3333, "trainval": 6667, "test": 3333}, 100, 256),
     "oxford_pet": ({"trainval": 3680, "test": 3669}, 37, 256),

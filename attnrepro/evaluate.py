@@ -110,8 +110,10 @@ class LinearProbe(nn.Sequential):
 
 def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int, lr: float, batch_size: int,
                  weight_decay: float = 0.0, seed: int = 0, num_classes: int | None = None,
-                 return_probe: bool = False, return_correct: bool = False):
-    """Train a `LinearProbe` on frozen features (SGD momentum 0.9, cosine lr); top-1/top-5 test accuracy in percent.
+                 return_probe: bool = False, return_correct: bool = False, optimizer: str = "sgd",
+                 warmup_epochs: float = 0.0):
+    """Train a `LinearProbe` on frozen features (`optimizer` 'sgd' with momentum 0.9 or MAE's 'lars'; linear warm-up
+    over `warmup_epochs`, then cosine lr); top-1/top-5 test accuracy in percent.
     `return_correct`: the result also holds `correct`, the per-test-example top-1 hits (numpy bool)."""
     xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
     if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
@@ -124,6 +126,10 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int
     if epochs < 1 or batch_size < 2 or len(xtr) < 2:
         raise ValueError(f"linear_probe: need epochs >= 1, batch_size >= 2 and >= 2 training samples, got "
                          f"epochs={epochs}, batch_size={batch_size}, n_train={len(xtr)}")
+    if optimizer not in ("sgd", "lars"):
+        raise ValueError(f"linear_probe: optimizer={optimizer!r}; valid: sgd, lars")
+    if not 0 <= warmup_epochs < epochs:
+        raise ValueError(f"linear_probe: warmup_epochs={warmup_epochs} must be in [0, epochs={epochs})")
     bs = min(batch_size, len(xtr))
     steps_per_epoch = len(xtr) // bs
     total = epochs * steps_per_epoch
@@ -131,14 +137,20 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int
         torch.manual_seed(seed)
         probe = LinearProbe(xtr.shape[1], n_cls)
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.SGD(probe.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
+    if optimizer == "lars":
+        from attnrepro.train import LARS   # local: importing evaluate stays free of the trainer's imports
+        opt = LARS(probe.parameters(), lr=lr, weight_decay=weight_decay, momentum=0.9)
+    else:
+        opt = torch.optim.SGD(probe.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
+    warm = warmup_epochs * steps_per_epoch
     probe.train()
     step = 0
     for _ in range(epochs):
         perm = torch.randperm(len(xtr), generator=gen)
         for b in range(steps_per_epoch):
-            for group in opt.param_groups:
-                group["lr"] = 0.5 * lr * (1 + math.cos(math.pi * step / total))
+            for group in opt.param_groups:   # MAE's lr_sched per iteration; at warm = 0 the plain cosine exactly
+                group["lr"] = (lr * step / warm if step < warm
+                               else 0.5 * lr * (1 + math.cos(math.pi * (step - warm) / (total - warm))))
             i = perm[b * bs:(b + 1) * bs]
             loss = F.cross_entropy(probe(xtr[i]), ytr[i])
             if not torch.isfinite(loss):

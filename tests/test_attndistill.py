@@ -282,6 +282,14 @@ def test_paper_profile_students_match_table_7_and_probe_table_9():
     E = P["eval"]
     assert (E["probe_warmup_epochs"], E["probe_epochs"], E["probe_batch"], E["probe_lr"]) == (
         int(t9["warmup epochs"]), int(t9["training epochs"]), int(t9["batch size"]), float(t9["base learning rate"]))
+    assert E["probe_optimizer"] == t9["optimizer"].split()[0].lower() and E["probe_lr_scale_batch"] == 256   # MAE's blr
+    # the run is real: a registered dataset, a teacher name (the user saves it) whose shape is Table 7's teacher row
+    from attnrepro.data import list_datasets
+    assert {P["data"]["train"], P["data"]["val"]} <= set(list_datasets())
+    teacher_row = load_reported("attndistill", "table7_network_configs").query("setting == 'ImageNet-Subset' and role == 'teacher'")
+    r = teacher_row.iloc[0]
+    assert isinstance(P["teacher"], str) and P["teacher_arch"] == dict(
+        embed_dim=int(r.dim), depth=int(r.layers), num_heads=int(r.heads), patch_size=int(r.patch_size), pos_embed="sincos")
     # the runnable profiles keep timm's learnable embedding (their cached runs stay valid)
     for prof in ("smoke", "mini"):
         assert all("pos_embed" not in s for s in load_profile("attndistill", prof)["students"].values())

@@ -91,6 +91,20 @@ def test_imagenet_missing_names_roots_layout_and_source(roots):
     assert "train/<wnid>/*.JPEG" in msg and "image-net.org" in msg
 
 
+def test_imagenet_subset_reads_its_own_folder_and_says_the_layout(roots, monkeypatch):
+    "AttnDistill's ImageNet-Subset: the imagenet layout in its own folder; missing, the error names it; a dry run stands in."
+    with pytest.raises(DataNotFoundError) as e:
+        get_dataset("imagenet-subset", "train")
+    assert str(roots[1] / "imagenet-subset") in str(e.value) and "100 classes" in str(e.value)
+    with monkeypatch.context() as m:
+        m.setenv("ATTNREPRO_DRY_RUN", "1")
+        stand_in = get_dataset("imagenet-subset", "val")
+    assert isinstance(stand_in, data.SyntheticImageDataset) and len(stand_in) == 5000 and len(stand_in.classes) == 100
+    imagenet_tree(roots[1], "imagenet-subset")
+    train = get_dataset("imagenet-subset", "train")
+    assert len(train) == 12 and train.classes == WNIDS and str(train.source).endswith("imagenet-subset")
+
+
 def cub_tree(root):
     "3 classes x 3 images, image 3 of each class in test; boxes x y w h (floats, as in the official file)."
     top = root / "CUB_200_2011"

@@ -141,6 +141,35 @@ def test_linear_probe_deterministic_and_leaves_global_rng():
     assert r1 == r2 and set(r1) == {"top1"}  # 3 classes: no top-5
     assert torch.equal(p1[1].weight, p2[1].weight) and not torch.equal(p1[1].weight, p3[1].weight)
 
+def test_linear_probe_warmup_and_lars_follow_mae():
+    """Defaults are the plain SGD + cosine probe bit for bit; with one step per epoch, epochs=2 and warmup_epochs=1 the
+    lr is 0 at step 0 (MAE's linear warm-up) and full at step 1, so both steps see the initial weights' gradient g:
+    SGD moves by lr (0.9 g + g); LARS scales the 2-D weight's g by 0.001 |w| / |g| and leaves the bias's alone."""
+    xtr, ytr = _separable(0, C=3, n=48)
+    xte, yte = _separable(1, C=3, n=48)
+    kw = dict(epochs=2, lr=0.5, batch_size=len(xtr), seed=3, return_probe=True)
+    r0, p0 = E.linear_probe(xtr, ytr, xte, yte, **kw)
+    r1, p1 = E.linear_probe(xtr, ytr, xte, yte, optimizer="sgd", warmup_epochs=0, **kw)
+    assert r0 == r1 and torch.equal(p0[1].weight, p1[1].weight)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        ref = E.LinearProbe(xtr.shape[1], 3)
+    w0, b0 = ref[1].weight.detach().clone(), ref[1].bias.detach().clone()
+    ref.train()
+    F.cross_entropy(ref(xtr), ytr).backward()
+    gw, gb = ref[1].weight.grad, ref[1].bias.grad
+    _, ps = E.linear_probe(xtr, ytr, xte, yte, warmup_epochs=1, **kw)
+    torch.testing.assert_close(ps[1].weight.detach(), w0 - 0.5 * 1.9 * gw)
+    torch.testing.assert_close(ps[1].bias.detach(), b0 - 0.5 * 1.9 * gb)
+    _, pl = E.linear_probe(xtr, ytr, xte, yte, warmup_epochs=1, optimizer="lars", **kw)
+    q = 0.001 * w0.norm() / gw.norm()
+    torch.testing.assert_close(pl[1].weight.detach(), w0 - 0.5 * 1.9 * q * gw)
+    torch.testing.assert_close(pl[1].bias.detach(), b0 - 0.5 * 1.9 * gb)
+    with pytest.raises(ValueError, match="valid: sgd, lars"):
+        E.linear_probe(xtr, ytr, xte, yte, epochs=2, lr=0.1, batch_size=16, optimizer="adam")
+    with pytest.raises(ValueError, match="warmup_epochs"):
+        E.linear_probe(xtr, ytr, xte, yte, epochs=2, lr=0.1, batch_size=16, warmup_epochs=2)
+
 def test_linear_probe_errors():
     x, y = _separable(0, C=3, n=12)
     with pytest.raises(ValueError, match="batch_size"):
