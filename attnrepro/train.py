@@ -471,6 +471,10 @@ class TrainConfig:
     batch_size: int = 128                 # per process and per batch (see accum_steps)
     # batches whose gradients are summed into one optimiser step (1: none); hash-neutral at 1
     accum_steps: int = dataclasses.field(default=1, metadata=OMIT_AT_DEFAULT)
+    # images per optimiser step over all processes (a paper's batch): when set, `fit` makes the per-process batch
+    # global_batch_size / (world size x accum_steps), replacing batch_size, so one recipe serves 1 GPU or a torchrun
+    # of N; None: batch_size is per process (hash-neutral at None)
+    global_batch_size: int | None = dataclasses.field(default=None, metadata=OMIT_AT_DEFAULT)
     lr: float = 5e-4                      # base lr, see `lr_scale_batch`
     lr_scale_batch: int | None = None     # lr_eff = lr * global_batch / lr_scale_batch (None: lr_eff = lr)
     min_lr: float = 1e-6
@@ -506,6 +510,9 @@ class TrainConfig:
         if not is_int(self.accum_steps) or self.accum_steps < 1:
             bad("accum_steps", "must be an integer >= 1 (batches per optimiser step; 1 = no gradient accumulation)")
         if not is_int(self.num_workers) or self.num_workers < 0: bad("num_workers", "must be an integer >= 0")
+        if self.global_batch_size is not None and (not is_int(self.global_batch_size) or self.global_batch_size < 1
+                                                   or self.global_batch_size % self.accum_steps):
+            bad("global_batch_size", f"must be None or an integer >= 1 divisible by accum_steps={self.accum_steps}")
         if not is_int(self.seed): bad("seed", "must be an integer")
         if self.optimizer not in OPTIMIZERS: bad("optimizer", f"unknown optimizer; valid: {', '.join(OPTIMIZERS)}")
         if not self.lr > 0: bad("lr", "must be > 0")
@@ -531,6 +538,16 @@ class TrainConfig:
 
     @property
     def mixing(self) -> bool: return self.mixup > 0 or self.cutmix > 0
+
+    def per_process(self, world_size: int = 1) -> "TrainConfig":
+        "This config with `batch_size` per process derived from `global_batch_size` for `world_size` processes (else itself)."
+        if self.global_batch_size is None: return self
+        per, rest = divmod(self.global_batch_size, world_size * self.accum_steps)
+        if rest or per < 1:
+            raise ValueError(f"TrainConfig.global_batch_size={self.global_batch_size} does not split over {world_size} "
+                             f"process(es) x accum_steps={self.accum_steps}: choose a process count and accum_steps whose "
+                             f"product divides it")
+        return dataclasses.replace(self, batch_size=per)
 
     def global_batch(self, world_size: int = 1) -> int:
         "Images per optimiser step: `batch_size` (per process) x `world_size` x `accum_steps`."
@@ -1021,6 +1038,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             torch.backends.cudnn.benchmark = False
         rank, world = _rank(), _world()
         device = _resolve_device(device)
+        cfg = cfg.per_process(world)   # a recipe's global batch split over this run's processes
         # a dry run (attnrepro.scale): a few timed steps, then a projection of the whole recipe; a CPU times a small batch
         dry, recipe = dry_run_steps(), cfg
         if (dry and device.type == "cpu" and cfg.batch_size > dry_run_cpu_batch()

@@ -499,12 +499,29 @@ def test_accum_steps_at_default_leaves_hashes_alone():
     cfg = TrainConfig(**GOLDEN_TRAIN)
     assert config_hash(cfg) == GOLDEN_TRAIN_HASH
     assert config_hash(cfg) == config_hash({k: v for k, v in dataclasses.asdict(cfg).items()
-                                              if k not in ("accum_steps", "layer_decay")})   # both hash-neutral at default
+                                              if k not in ("accum_steps", "layer_decay", "global_batch_size")})   # hash-neutral at default
     assert config_hash(dataclasses.replace(cfg, accum_steps=2)) != GOLDEN_TRAIN_HASH   # a real change still counts
     run = ROOT / "outputs" / "aal" / "runs" / "010adbc0a9f507e0.json"
     if run.exists():   # the committed record itself: its config still hashes to its name
         rec = json.loads(run.read_text())
         assert rec["config"]["train"] == GOLDEN_TRAIN and config_hash(rec["config"]) == rec["hash"] == run.stem
+
+
+def test_global_batch_size_splits_over_processes():
+    import dataclasses
+    cfg = TrainConfig(**FAST, global_batch_size=32, accum_steps=2)
+    assert cfg.per_process(1).batch_size == 16 and cfg.per_process(2).batch_size == 8 and cfg.per_process(4).batch_size == 4
+    assert cfg.per_process(2).global_batch(2) == 32 and TrainConfig(**FAST).per_process(8) == TrainConfig(**FAST)
+    with pytest.raises(ValueError, match=r"global_batch_size=32 does not split over 3 process\(es\) x accum_steps=2"):
+        cfg.per_process(3)
+    with pytest.raises(ValueError, match="divisible by accum_steps=2"):
+        TrainConfig(**FAST, global_batch_size=33, accum_steps=2)
+    base = TrainConfig(**GOLDEN_TRAIN)
+    assert config_hash(base) == GOLDEN_TRAIN_HASH != config_hash(dataclasses.replace(base, global_batch_size=64))
+    # fit trains with the derived per-process batch: 64 images at a global batch of 32 = 2 steps per epoch
+    res = fit(tiny_vit(), toy_data(64), None, TrainConfig(epochs=1, batch_size=7, global_batch_size=32, lr=1e-3,
+                                                          warmup_epochs=0), progress=False)
+    assert res["steps"] == 2 and res["global_batch"] == 32
 
 
 def test_layer_decay_at_default_leaves_hashes_alone():
