@@ -198,3 +198,14 @@ def test_aal_paper_profile_encodes_table3_batch_and_table_e_epochs():
     assert all(reg[t3[f]]["data"] == reg[sw["fractions"][f]]["data"] for f in t3)   # same subsets as Table 2
     assert reg[P["table_e"]["regime"]]["epochs"] == 240 and reg[P["table_e"]["regime"]]["data"]["fraction"] == 0.05
     assert batch(P["ablation"]["lambda_regime"]) == 1024   # its lambda-2000 row is Table 3's selective 10 %
+
+
+@pytest.mark.parametrize("paper", ["aal", "bootstrapping_vit"])
+def test_paper_profile_teachers_are_hub_names_or_null(paper):
+    """The paper profile trains (on GPUs): every teacher it names loads from the timm hub; a teacher the paper does not
+    name or publish is null, and the notebook's row says so (never a description no loader can read)."""
+    keys = TEACHER_KEYS | {"label_teacher", "transfer_init"}
+    leaves = [(p, v) for p, v in walk(profiles(paper)["paper"]) if any(k in keys for k in p) and p[-1] != "teacher_eval"
+              and not p[-1].startswith("paper_")]
+    bad = [(p, v) for p, v in leaves if v is not None and not (isinstance(v, str) and v.startswith("timm:"))]
+    assert leaves and not bad, bad
