@@ -14,10 +14,10 @@ from torch import nn
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture
+from .attention import AttentionCapture, ModuleOutputs
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
-from .models import ModuleOutputs, block_names, describe_model, intermediate_features
+from .models import block_names, describe_model, intermediate_features
 from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
 
 # %% auto #0

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_attention.ipynb #6533127f
 from __future__ import annotations
-import operator
+import contextlib, difflib, operator
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 
@@ -18,9 +18,9 @@ from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 # %% auto #0
-__all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
+__all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'TAP_FEATURES', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
            'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps', 'forward_until',
-           'require_vit', 'AttentionOverride']
+           'require_vit', 'ModuleOutputs', 'Taps', 'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
 SUPPORTED_ATTENTION = (Attention, GPSA, MHSA)
@@ -320,6 +320,133 @@ def require_vit(model: nn.Module, who: str, *, class_token: bool = False, single
                         + f" (attnrepro.models.create_student(arch='vit') builds one), got {type(m).__name__}")
     return m
 
+
+# %% ../nbs/02_attention.ipynb #5db18060
+class ModuleOutputs:
+    """Context manager recording the outputs of the submodules named `layers` during one forward of `model` (forward
+    hooks, removed on exit); `get()` -> dict name -> output, after checking that each ran exactly once."""
+    def __init__(self, model: nn.Module, layers: str | Sequence[str], who: str = "ModuleOutputs"):
+        self.names, self.who = list(dict.fromkeys([layers] if isinstance(layers, str) else layers)), who
+        modules = dict(model.named_modules())
+        unknown = [n for n in self.names if n not in modules]
+        if unknown:
+            hints = {n: difflib.get_close_matches(n, list(modules), n=5) for n in unknown}
+            raise KeyError(f"{type(model).__name__} has no submodules {unknown}; close matches: {hints}")
+        self._modules = [modules[n] for n in self.names]
+        self.feats, self.calls, self._handles = {}, dict.fromkeys(self.names, 0), []
+
+    def _tap(self, name: str):
+        def hook(module, inp, out):
+            self.feats[name] = out
+            self.calls[name] += 1
+        return hook
+
+    def __enter__(self) -> "ModuleOutputs":
+        self.feats, self.calls = {}, dict.fromkeys(self.names, 0)
+        try:
+            for n, m in zip(self.names, self._modules):
+                self._handles.append(m.register_forward_hook(self._tap(n)))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for h in self._handles: h.remove()
+        self._handles = []
+        return False
+
+    def get(self) -> dict:
+        never = [n for n, c in self.calls.items() if c == 0]
+        multi = [n for n, c in self.calls.items() if c > 1]
+        if never or multi:
+            raise RuntimeError(f"{self.who}: modules not run in the forward: {never}; run more than once "
+                               f"(output ambiguous): {multi}")
+        return {n: self.feats[n] for n in self.names}
+
+# feature -> (AttentionCapture `what`, cls_only); None: a module output
+TAP_FEATURES = {"attn_logits": ("logits", False), "attn_maps": ("maps", False), "cls_logits": ("logits", True),
+                "cls_maps": ("maps", True), "q": ("q", False), "k": ("k", False), "v": ("v", False),
+                "block": None, "msa": None, "pre_logits": None, "modules": None}
+
+class Taps:
+    """Context manager recording `spec` = {feature: block indices (None: all) | module names for `modules`} from one
+    forward of `model`; features are the keys of `TAP_FEATURES`. Attention features work on every model
+    `attention_blocks` supports; `block`, `msa` and `pre_logits` need a timm ViT."""
+    def __init__(self, model: nn.Module, spec: Mapping[str, Sequence | None], who: str = "Taps"):
+        bad = [f for f in spec if f not in TAP_FEATURES]
+        if bad:
+            raise ValueError(f"{who}: unknown tap features {bad}; valid: {list(TAP_FEATURES)}")
+        self.who, self.spec, self._parts, self._caps = who, {}, [], {}
+        vit = require_vit(model, who) if {"block", "msa", "pre_logits"} & set(spec) else None
+        depth = len(attention_blocks(model)) if set(spec) - {"modules", "pre_logits"} else 0
+        names = []
+        for f, layers in spec.items():
+            if f == "pre_logits":
+                self.spec[f] = None
+            elif f == "modules":
+                self.spec[f] = list(dict.fromkeys([layers] if isinstance(layers, str) else layers or []))
+                names += [n for n in self.spec[f] if n not in names]
+            else:
+                self.spec[f] = _resolve_layers(layers, depth)
+                if f in ("block", "msa"):
+                    sub = "" if f == "block" else ".attn"
+                    names += [n for n in (f"blocks.{i}{sub}" for i in self.spec[f]) if n not in names]
+        groups: dict[bool, tuple[set, set]] = {}          # cls_only -> (what, layers): one capture per form
+        for f, layers in self.spec.items():
+            if TAP_FEATURES[f] is not None:
+                what, cls = TAP_FEATURES[f]
+                w, ls = groups.setdefault(cls, (set(), set()))
+                w.add(what); ls.update(layers)
+        for cls, (what, layers) in groups.items():
+            self._caps[cls] = AttentionCapture(model, sorted(layers), what=sorted(what), cls_only=cls)
+        self._mods = ModuleOutputs(_unwrap(model), names, who=who) if names else None
+        self._head = vit.head if "pre_logits" in self.spec else None
+        self._pre = None
+
+    def __enter__(self) -> "Taps":
+        self._pre = None
+        with contextlib.ExitStack() as stack:     # a failure half-way removes what was entered
+            for c in (*self._caps.values(), self._mods):
+                if c is not None: stack.enter_context(c)
+            if self._head is not None:
+                stack.callback(self._head.register_forward_pre_hook(self._on_head).remove)
+            self._stack = stack.pop_all()
+        return self
+
+    def _on_head(self, module, inp):
+        self._pre = inp[0]
+
+    def __exit__(self, *exc) -> bool:
+        self._stack.__exit__(*exc)
+        return False
+
+    def get(self, feature: str):
+        "The captured tensors of `feature`: {block: tensor} ({name: tensor} for `modules`; a tensor for `pre_logits`)."
+        if feature not in self.spec:
+            raise KeyError(f"{self.who}: {feature!r} was not tapped (asked for {list(self.spec)})")
+        if feature == "pre_logits":
+            if self._pre is None:
+                raise RuntimeError(f"{self.who}: the head did not run, so there is no pre_logits")
+            return self._pre
+        if feature == "modules":
+            return {n: t for n, t in self._mods.get().items() if n in self.spec["modules"]}
+        if feature in ("block", "msa"):
+            got, sub = self._mods.get(), "" if feature == "block" else ".attn"
+            return {i: got[f"blocks.{i}{sub}"] for i in self.spec[feature]}
+        what, cls = TAP_FEATURES[feature]
+        cap = self._caps[cls]
+        got = dict(zip(cap.layers, cap.get(what)))
+        return {i: got[i] for i in self.spec[feature]}
+
+    def list(self, feature: str) -> list:
+        "`get(feature)` as a list in the order the blocks (or names) were asked for."
+        return list(self.get(feature).values())
+
+    @property
+    def out(self) -> dict:
+        "Every tapped feature: {feature: get(feature)}."
+        return {f: self.get(f) for f in self.spec}
 
 # %% ../nbs/02_attention.ipynb #56300c95
 OVERRIDE_SOURCES = ("logits", "maps", "q", "k", "v")

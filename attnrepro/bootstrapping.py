@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from timm.models.vision_transformer import VisionTransformer
 
 from .losses import feature_mse_loss, kd_loss, linear_decay
+from .attention import Taps
 from .models import intermediate_features
 from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting,
                              term_grads)
@@ -245,22 +246,16 @@ def _conv_op(c: nn.Conv2d) -> str:
 def describe_agent(agent: AgentCNN, img_size: int | tuple[int, int] | None = None) -> list[dict]:
     "Rows (layer, operator, output_shape) of the agent's architecture, as in the paper's Tables 6-7."
     h, w = agent.img_size if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
-    shapes, handles = {}, []
-    def tap(name):
-        def hook(m, i, o): shapes[name] = tuple(o.shape[1:])
-        return hook
-    named = [(f"stem.{i}", m) for i, m in enumerate(agent.stem)] + \
-            [(f"blocks.{i}", b) for i, b in enumerate(agent.blocks)] + \
-            [(f"downsample.{i}", d) for i, d in enumerate(agent.downsample)] + [("head", agent.head)]
-    for n, m in named: handles.append(m.register_forward_hook(tap(n)))
+    names = [f"{part}.{i}" for part in ("stem", "blocks", "downsample") for i in range(len(getattr(agent, part)))]
     was = agent.training
     try:
         agent.eval()
         p = next(agent.parameters())
-        with torch.no_grad(): agent(torch.zeros(1, agent.stem[0].in_channels, h, w, device=p.device, dtype=p.dtype))
+        with torch.no_grad(), Taps(agent, {"modules": names + ["head"]}, who="describe_agent") as tap:
+            agent(torch.zeros(1, agent.stem[0].in_channels, h, w, device=p.device, dtype=p.dtype))
     finally:
         agent.train(was)
-        for hd in handles: hd.remove()
+    shapes = {n: tuple(o.shape[1:]) for n, o in tap.get("modules").items()}
     rows = []
     for i, m in enumerate(agent.stem):
         if isinstance(m, nn.Conv2d): op = _conv_op(m)

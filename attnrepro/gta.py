@@ -16,7 +16,7 @@ from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
-from .attention import require_vit
+from .attention import Taps, require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
@@ -25,13 +25,13 @@ from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
            'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy', 'set_drop_path',
-           'target_from_source', 'FeatureTap', 'TapTerm', 'guidance_loss', 'guidance_term', 'l2sp_penalties',
-           'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box', 'patch_box_mask', 'transmix_lambda',
-           'mixed_targets', 'TransferMethod', 'term_grad_norms', 'grad_norm_summary', 'transfer_method',
-           'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup', 'finetune_transform', 'best_coef',
-           'tie_text', 'heldout_split', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
-           'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
-           'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
+           'target_from_source', 'gta_taps', 'gta_features', 'TapTerm', 'guidance_loss', 'guidance_term',
+           'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box', 'patch_box_mask',
+           'transmix_lambda', 'mixed_targets', 'TransferMethod', 'term_grad_norms', 'grad_norm_summary',
+           'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup', 'finetune_transform',
+           'best_coef', 'tie_text', 'heldout_split', 'seed_spread', 'seeds_arm', 'rate_label',
+           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
+           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -68,65 +68,23 @@ def target_from_source(source: nn.Module, num_classes: int, drop_path_rate: floa
     return tgt.train()
 
 # %% ../nbs/15_gta.ipynb #21877394
-TAP_FEATURES = ("attn_logits", "block", "msa", "pre_logits")
+TAP_FEATURES = ("attn_logits", "block", "msa", "pre_logits")   # GTA's names for what its terms read
 GUIDE_FEATURES = ("attn_logits", "block", "msa")
+_AS_TAP = {"attn_logits": "cls_logits", "block": "block", "msa": "msa", "pre_logits": "pre_logits"}
 
-class FeatureTap:
-    "Context manager recording `features` {name: block indices or None (all)} of one forward of a timm ViT."
-    def __init__(self, model: nn.Module, features: Mapping[str, Sequence[int] | None]):
-        self.model = _vit(model, "FeatureTap")
-        bad = [f for f in features if f not in TAP_FEATURES]
-        if bad:
-            raise ValueError(f"FeatureTap: unknown features {bad}; valid: {TAP_FEATURES}")
-        depth = len(self.model.blocks)
-        self.layers = {f: (None if f == "pre_logits" else _resolve_layers(l, depth)) for f, l in features.items()}
-        self.out: dict[str, dict[int, torch.Tensor] | torch.Tensor] = {}
-        self._handles, self._cap = [], None
+def gta_taps(model: nn.Module, features: Mapping[str, Sequence[int] | None]) -> Taps:
+    "`attention.Taps` recording GTA's `features` {name: block indices or None (all)}; `attn_logits` is the CLS row."
+    vit = _vit(model, "gta_taps")
+    bad = [f for f in features if f not in TAP_FEATURES]
+    if bad:
+        raise ValueError(f"gta_taps: unknown features {bad}; valid: {TAP_FEATURES}")
+    return Taps(vit, {_AS_TAP[f]: (None if f == "pre_logits" else l) for f, l in features.items()}, who="gta_taps")
 
-    def __enter__(self) -> "FeatureTap":
-        self.out = {f: {} for f in self.layers if f != "pre_logits"}
-        try:
-            if "attn_logits" in self.layers:
-                self._cap = AttentionCapture(self.model, self.layers["attn_logits"], what=("logits",),
-                                             cls_only=True).__enter__()
-            for f, mod in (("block", lambda b: b), ("msa", lambda b: b.attn)):
-                for i in self.layers.get(f) or []:
-                    self._handles.append(mod(self.model.blocks[i]).register_forward_hook(self._keeper(f, i)))
-            if "pre_logits" in self.layers:
-                self._handles.append(self.model.head.register_forward_pre_hook(self._pre_logits))
-        except BaseException:
-            self._remove(None, None, None)
-            raise
-        return self
+def gta_features(tap: Taps) -> dict:
+    "What a `gta_taps` tap recorded, under GTA's names: {feature: {block: tensor}} (`pre_logits`: a (B, D) tensor)."
+    name = {v: k for k, v in _AS_TAP.items()}
+    return {name[f]: tap.get(f) for f in tap.spec}
 
-    def _keeper(self, f: str, i: int):
-        def hook(module, inp, out):
-            self.out[f][i] = out
-        return hook
-
-    def _pre_logits(self, module, inp):
-        self.out["pre_logits"] = inp[0]
-
-    def __exit__(self, *exc) -> bool:
-        if exc[0] is None and self._cap is not None:   # a completed forward: collect the logits
-            self.out["attn_logits"] = dict(zip(self._cap.layers, self._cap.logits))
-        self._remove(*exc)
-        return False
-
-    def _remove(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        if self._cap is not None:
-            self._cap.__exit__(*exc)
-            self._cap = None
-
-    def get(self, feature: str):
-        "The captured tensors of `feature`: {block: tensor}, or the (B, D) tensor for `pre_logits`."
-        if feature not in self.out or (feature == "pre_logits" and not isinstance(self.out[feature], torch.Tensor)):
-            raise KeyError(f"FeatureTap: {feature!r} was not captured (asked for {list(self.layers)}) or the "
-                           "forward did not reach it")
-        return self.out[feature]
 
 # %% ../nbs/15_gta.ipynb #8d6eb11b
 @dataclasses.dataclass
@@ -356,13 +314,13 @@ class TransferMethod(Method):
     def teacher_passes(self, ctx: StepContext) -> list[TeacherPass]:
         "The source's forward (no grad), stopped after the last block a term reads (`_source_last`; None: in full)."
         if not self.source_needs: return []
-        tap = FeatureTap(self.source, {f: sorted(l) for f, l in self.source_needs.items()})
-        return [TeacherPass(self.source, ctx.x, [tap], until=self._source_last, collect=lambda p: tap.out)]
+        tap = gta_taps(self.source, {f: sorted(l) for f, l in self.source_needs.items()})
+        return [TeacherPass(self.source, ctx.x, [tap], until=self._source_last, collect=lambda p: gta_features(tap))]
 
     def forward(self, ctx: StepContext) -> None:
-        with FeatureTap(ctx.model, {f: sorted(l) for f, l in self.needs.items()}) as tap:
+        with gta_taps(ctx.model, {f: sorted(l) for f, l in self.needs.items()}) as tap:
             ctx.out = ctx.train_model(ctx.x)
-        ctx.feats = tap.out
+        ctx.feats = gta_features(tap)
         ctx.logits = ctx.out
         if self.transmix is not None and ctx.mixed:
             lam = ctx.lam_area
@@ -470,12 +428,12 @@ def cls_attention(model: nn.Module, x: torch.Tensor, layer: int = -1, head_reduc
     was = model.training
     model.eval()
     try:
-        with FeatureTap(model, {"attn_logits": [layer]}) as tap:
+        with Taps(model, {"cls_logits": [layer]}, who="cls_attention") as tap:
             model(on_model_device(model, x))   # CPU images for a model left on the GPU by `fit`
     finally:
         model.train(was)
     npre = int(getattr(model, "num_prefix_tokens", 1))
-    logits = next(iter(tap.get("attn_logits").values()))
+    logits = tap.list("cls_logits")[0]
     a = logits[..., npre:].softmax(-1)   # = full softmax restricted to the patches, renormalised
     gh, gw = model.patch_embed.grid_size
     a = a.reshape(*a.shape[:2], gh, gw)

@@ -23,6 +23,7 @@ from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
+from .attention import ModuleOutputs  # the forward-hook tap, re-exported here
 
 # %% auto #0
 __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS', 'POS_EMBEDS',
@@ -32,7 +33,7 @@ __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNE
            'unwrap_state_dict', 'read_checkpoint', 'read_state_dict', 'load_state_dict_strict', 'KeyMap',
            'map_checkpoint', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config',
            'build_model', 'efficientnet_lite0_weights_path', 'map_lite0_state_dict', 'fetch_teacher', 'teacher_names',
-           'load_teacher', 'teacher_record', 'save_teacher', 'ModuleOutputs', 'intermediate_features', 'block_names',
+           'load_teacher', 'teacher_record', 'save_teacher', 'intermediate_features', 'block_names',
            'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
@@ -762,48 +763,6 @@ def save_teacher(model: nn.Module, name: str, config: dict | None = None, meta: 
     return w
 
 # %% ../nbs/03_models.ipynb #8af1b1ef
-class ModuleOutputs:
-    """Context manager recording the outputs of the submodules named `layers` during one forward of `model` (forward
-    hooks, removed on exit); `get()` -> dict name -> output, after checking that each ran exactly once."""
-    def __init__(self, model: nn.Module, layers: str | Sequence[str], who: str = "ModuleOutputs"):
-        self.names, self.who = list(dict.fromkeys([layers] if isinstance(layers, str) else layers)), who
-        modules = dict(model.named_modules())
-        unknown = [n for n in self.names if n not in modules]
-        if unknown:
-            hints = {n: difflib.get_close_matches(n, list(modules), n=5) for n in unknown}
-            raise KeyError(f"{type(model).__name__} has no submodules {unknown}; close matches: {hints}")
-        self._modules = [modules[n] for n in self.names]
-        self.feats, self.calls, self._handles = {}, dict.fromkeys(self.names, 0), []
-
-    def _tap(self, name: str):
-        def hook(module, inp, out):
-            self.feats[name] = out
-            self.calls[name] += 1
-        return hook
-
-    def __enter__(self) -> "ModuleOutputs":
-        self.feats, self.calls = {}, dict.fromkeys(self.names, 0)
-        try:
-            for n, m in zip(self.names, self._modules):
-                self._handles.append(m.register_forward_hook(self._tap(n)))
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        for h in self._handles: h.remove()
-        self._handles = []
-        return False
-
-    def get(self) -> dict:
-        never = [n for n, c in self.calls.items() if c == 0]
-        multi = [n for n, c in self.calls.items() if c > 1]
-        if never or multi:
-            raise RuntimeError(f"{self.who}: modules not run in the forward: {never}; run more than once "
-                               f"(output ambiguous): {multi}")
-        return {n: self.feats[n] for n in self.names}
-
 def intermediate_features(model: nn.Module, x: torch.Tensor, layers: str | Sequence[str],
                           return_output: bool = False):
     "Outputs of the submodules named `layers` in one forward of `model(x)`: dict name -> output (and the model output if `return_output`)."

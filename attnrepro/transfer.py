@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import (AttentionCapture, AttentionOverride, _attn_logits, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
-from .attention import require_vit
+from .attention import Taps, require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
@@ -90,23 +90,6 @@ def _borrowed_drop_paths(teacher: nn.Module, student: nn.Module):
             setattr(tb, name, tm)
         teacher.train(was)
 
-class _BlockOutputs:
-    "Records the output (residual stream) of `model.blocks[i]` for i in `layers` during a forward."
-    def __init__(self, model: nn.Module, layers: Sequence[int]):
-        self.blocks, self.layers, self.out, self._h = _vit(model, "block outputs").blocks, list(layers), {}, []
-    def __enter__(self):
-        for i in self.layers:
-            self._h.append(self.blocks[i].register_forward_hook(lambda m, a, o, i=i: self.out.__setitem__(i, o)))
-        return self
-    def __exit__(self, *exc):
-        for h in self._h: h.remove()
-        self._h = []
-        return False
-    def get(self) -> list[torch.Tensor]:
-        missing = [i for i in self.layers if i not in self.out]
-        if missing: raise RuntimeError(f"blocks {missing} did not run inside the block-output capture")
-        return [self.out[i] for i in self.layers]
-
 @contextlib.contextmanager
 def _shared_drop_path(teacher: nn.Module, student: nn.Module, x: torch.Tensor):
     "The teacher runs with the student's drop-path masks; the RNG is rewound after, so the student draws the same ones."
@@ -129,10 +112,10 @@ def teacher_pass(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int] | No
         raise ValueError("teacher_forward: nothing to capture (give `what` with `layers`, or `block_layers`)")
     share = student is not None and has_drop_path(student)
     cap = AttentionCapture(teacher, layers, what=tuple(what)) if layers else None
-    bo = _BlockOutputs(teacher, block_layers)
+    bo = Taps(teacher, {"block": block_layers}, who="teacher block outputs") if block_layers else None
     def collect(p: TeacherPass) -> dict[str, list[torch.Tensor]]:
         out = {w: [t.detach() for t in cap.get(w)] for w in what} if layers else {}
-        if block_layers: out["blocks"] = [t.detach() for t in bo.get()]
+        if block_layers: out["blocks"] = [t.detach() for t in bo.list("block")]
         return out
     return TeacherPass(teacher, x, [c for c in (cap, bo) if c is not None], until=max(layers + block_layers),
                        mode=("shared_drop_path", id(student)) if share else None,
@@ -279,10 +262,11 @@ class TeacherDistillMethod(Method):
                                       for i in ls)
         s_what = tuple(sorted((set(what) - {"logits"}) | {"q", "k"})) if qk else what
         cap = AttentionCapture(student, layers, what=s_what) if layers else contextlib.nullcontext()
-        with cap, _BlockOutputs(student, blocks) as bo:
+        bo = Taps(student, {"block": blocks}, who="student block outputs") if blocks else contextlib.nullcontext()
+        with cap, bo:
             ctx.out = ctx.train_model(ctx.x)
         ctx.logits = ctx.out if isinstance(ctx.out, torch.Tensor) else None
-        s_blocks = dict(zip(blocks, bo.get())) if blocks else {}
+        s_blocks = bo.get("block") if blocks else {}
         t_blocks = dict(zip(blocks, t.get("blocks", [])))
         # added to, not replaced: distillation parts of one composed method fill one dict each (keys are term names)
         ctx.distill_student = getattr(ctx, "distill_student", None) or {}
@@ -397,9 +381,10 @@ def block_features(model: nn.Module, x: torch.Tensor, pool: str = "tokens") -> l
         raise ValueError(f"block_features: pool={pool!r}; choose 'tokens', 'mean' or 'cls'")
     inner = _student_of(model)
     depth = len(_vit(inner, "block_features").blocks)
-    with _BlockOutputs(inner, range(depth)) as bo:
+    with Taps(inner, {"block": range(depth)}, who="block_features") as bo:
         model(on_model_device(inner, x))
-    return [o.reshape(-1, o.shape[-1]) if pool == "tokens" else o.mean(1) if pool == "mean" else o[:, 0] for o in bo.get()]
+    return [o.reshape(-1, o.shape[-1]) if pool == "tokens" else o.mean(1) if pool == "mean" else o[:, 0]
+            for o in bo.list("block")]
 
 @torch.no_grad()
 def layer_cka(model_a: nn.Module, model_b: nn.Module, loader, max_images: int = 256, pool: str = "tokens",

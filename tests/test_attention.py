@@ -436,3 +436,71 @@ def test_grad_checkpointing_refused_and_failed_enter_restores():
         with AttentionOverride(model, source="logits", tensors=[torch.zeros(B, 3, 65, 64)] * 2):
             pass
     assert all("forward" not in a.__dict__ for a in attention_blocks(model))
+
+
+# --- Taps: one declaration of what a loss term reads ------------------------------------------------------------------
+
+def test_taps_equal_the_primitives_and_the_timm_forward():
+    "Each tapped feature equals what AttentionCapture / a plain forward gives; the output is unchanged; no hook stays."
+    from attnrepro.attention import Taps
+    m, x = make("vit").train(), inputs()
+    spec = {"cls_logits": [1], "attn_maps": [0], "q": [1], "v": [0], "block": [0, 1], "msa": [1], "pre_logits": None,
+            "modules": ["norm"]}
+    with Taps(m, spec) as tap:
+        out = m(x)
+    with AttentionCapture(m, [0], what=("maps", "v")) as full, AttentionCapture(m, [1], what="logits", cls_only=True) as cls, \
+            AttentionCapture(m, [1], what="q") as q:
+        ref = m(x)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(tap.get("attn_maps")[0], full.maps[0], rtol=0, atol=0)
+    torch.testing.assert_close(tap.get("v")[0], full.v[0], rtol=0, atol=0)
+    torch.testing.assert_close(tap.get("cls_logits")[1], cls.logits[0], rtol=0, atol=0)
+    torch.testing.assert_close(tap.get("q")[1], q.q[0], rtol=0, atol=0)
+    assert tap.get("cls_logits")[1].shape == (B, 3, 65) and tap.get("attn_maps")[0].shape == (B, 3, 65, 65)
+    torch.testing.assert_close(m.norm(tap.get("block")[1]), tap.get("modules")["norm"], rtol=0, atol=0)
+    torch.testing.assert_close(m.forward_head(tap.get("modules")["norm"]), out, rtol=0, atol=0)
+    torch.testing.assert_close(m.head(tap.get("pre_logits")), out, rtol=0, atol=0)
+    assert list(tap.out) == list(spec) and list(tap.get("block")) == [0, 1]
+    assert no_hooks(m)
+
+
+def test_taps_errors_name_the_problem_and_leave_no_hooks():
+    from attnrepro.attention import Taps
+    m, x = make("vit"), inputs()
+    with pytest.raises(ValueError, match="unknown tap features \\['attn'\\]"):
+        Taps(m, {"attn": [0]})
+    with pytest.raises(KeyError, match="no submodules \\['nrom'\\]"):
+        Taps(m, {"modules": ["nrom"]})
+    with pytest.raises(TypeError, match="VisionTransformer"):      # block outputs need a ViT; ConViT has no such `blocks` API
+        Taps(make("pit"), {"block": [0]})
+    with pytest.raises(RuntimeError, match="boom"):
+        with Taps(m, {"cls_logits": None, "block": None, "pre_logits": None}):
+            raise RuntimeError("boom")
+    assert no_hooks(m)
+    with pytest.raises(RuntimeError, match="ran twice"), Taps(m, {"v": [1]}):
+        m(x); m(x)                                                  # two forwards: ambiguous, refused at once
+    tap = Taps(m, {"block": [0], "v": [1]})
+    with tap:
+        m(x)
+    assert tap.get("block")[0].shape == (B, 65, 48)
+    with Taps(m, {"block": [0]}) as twice:
+        m(x); m(x)
+    with pytest.raises(RuntimeError, match="more than once"):
+        twice.get("block")
+    with tap:
+        pass                                                       # the forward never ran (a fresh entry forgets)
+    with pytest.raises(RuntimeError, match="not run"):
+        tap.get("block")
+    with pytest.raises(KeyError, match="'q' was not tapped"):
+        tap.get("q")
+    assert no_hooks(m)
+
+
+def test_taps_read_convit_attention_without_a_vit():
+    "Attention features work on every model attention_blocks supports (here ConViT's MHSA blocks)."
+    from attnrepro.attention import Taps
+    m, x = make("convit"), inputs()
+    with Taps(m, {"attn_maps": [2], "cls_maps": [2]}) as tap:
+        m(x)
+    torch.testing.assert_close(tap.get("cls_maps")[2], tap.get("attn_maps")[2][:, :, 0], rtol=0, atol=1e-6)
+    assert no_hooks(m)

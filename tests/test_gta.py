@@ -153,10 +153,10 @@ def test_class_group_on_embedded_sample():
 
 
 def test_feature_tap_cleans_up_on_error(source):
-    from attnrepro.gta import FeatureTap
+    from attnrepro.gta import gta_taps
     t = target_from_source(source, 3)
     with pytest.raises(KeyError):
-        with FeatureTap(t, {"attn_logits": None, "block": None, "pre_logits": None}):
+        with gta_taps(t, {"attn_logits": None, "block": None, "pre_logits": None}):
             raise KeyError("boom")
     assert not t.blocks[0]._forward_hooks and not t.head._forward_pre_hooks
     assert not t.blocks[0].attn.k_norm._forward_hooks and not t.blocks[0].attn._forward_pre_hooks
@@ -391,7 +391,7 @@ def test_datasets_torchvision_lacks_say_where_to_get_them(name, where, tmp_path,
                                             ("msa", [0, 1])])
 def test_source_stops_after_the_last_guided_block_and_gives_the_full_forwards_loss(feature, layers):
     "The source runs blocks 0..last guided one only (no later block, norm or head); the loss equals a full forward's."
-    from attnrepro.gta import FeatureTap
+    from attnrepro.gta import gta_features, gta_taps
     torch.manual_seed(0)
     src = frozen_copy(create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=3, num_heads=2,
                                      num_classes=5))
@@ -413,14 +413,15 @@ def test_source_stops_after_the_last_guided_block_and_gives_the_full_forwards_lo
     got = meth.terms[1].fn(ctx)
     ran.clear()
     keep = layers or [0, 1, 2]
-    with torch.no_grad(), FeatureTap(src, {feature: keep}) as tap:   # the full forward, as before the early stop
+    with torch.no_grad(), gta_taps(src, {feature: keep}) as tap:   # the full forward, as before the early stop
         src(x)
+    full = gta_features(tap)
     assert ran == [0, 1, 2, "norm", "head"]
     for h in hooks: h.remove()
-    want = guidance_loss({i: ctx.feats[feature][i] for i in keep}, {i: tap.out[feature][i] for i in keep}, feature)
+    want = guidance_loss({i: ctx.feats[feature][i] for i in keep}, {i: full[feature][i] for i in keep}, feature)
     assert got.item() > 0 and torch.equal(got, want)   # bit for bit: the same operations on the same blocks
     for i in keep:
-        assert torch.equal(ctx.source_feats[feature][i], tap.out[feature][i])
+        assert torch.equal(ctx.source_feats[feature][i], full[feature][i])
 
 
 def test_source_runs_in_full_when_a_term_reads_its_head_input(source):
