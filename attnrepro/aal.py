@@ -18,7 +18,7 @@ from .attention import AttentionCapture, ModuleOutputs
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
 from .models import block_names, describe_model, intermediate_features
-from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
+from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 
 # %% auto #0
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
@@ -409,12 +409,12 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
         (p,) = run_teacher_passes(ctx, method)
         out, maps = p.result()
         ctx.teacher_logits = out.float() if isinstance(out, torch.Tensor) else out
-        ctx.cnn_maps = torch.cat(maps, dim=1)
+        put_taps(ctx, "teacher", {"aal_maps": torch.cat(maps, dim=1)}, "AAL")
 
     def forward(ctx: StepContext) -> None:
         with AttentionCapture(ctx.model, what="maps", cls_only=True) as cap:
             ctx.out = ctx.train_model(ctx.x)
-        ctx.vit_maps = vit_maps(cap.maps)
+        put_taps(ctx, "student", {"aal_maps": vit_maps(cap.maps)}, "AAL")
         if isinstance(ctx.out, (tuple, list)):  # a distilled student in training mode: (cls, dist)
             if len(ctx.out) != 2:
                 raise ValueError(f"student returned {len(ctx.out)} outputs; expected logits or DeiT's (cls, dist)")
@@ -423,7 +423,7 @@ def _links_method(student, teacher, teacher_blocks, link_layers: int, link_heads
             ctx.logits, ctx.dist_logits = ctx.out, None
 
     def aal_term(ctx: StepContext) -> torch.Tensor:
-        return aal_loss(ctx.modules["aal_links"](ctx.vit_maps), ctx.cnn_maps)
+        return aal_loss(ctx.modules["aal_links"](ctx.student["aal_maps"]), ctx.teacher["aal_maps"])
 
     def on_epoch_end(ctx: StepContext) -> dict:
         mag = link_magnitudes(ctx.modules["aal_links"])

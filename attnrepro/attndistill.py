@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, require_vit
+from .attention import AttentionCapture, Taps, require_vit
 from .losses import feature_mse_loss
 from .models import describe_model
-from .train import LossTerm, Method, StepContext
+from .train import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS', 'clamp_renorm', 'aggregate_heads',
@@ -245,46 +245,40 @@ def attndistill_method(teacher: nn.Module, student: nn.Module, proj_layers: int 
 
     def before_forward(ctx: StepContext) -> None:
         if teacher.training: raise RuntimeError("the AttnDistill teacher was switched to train mode; keep it in eval")
-        ctx.teacher = teacher_targets(teacher, ctx.x, t_layers or [dt["depth"] - 1], with_v=value_weight)
-        ctx.teacher["maps"] = dict(zip(t_layers, ctx.teacher["maps"]))
-        if value_weight: ctx.teacher["v"] = dict(zip(t_layers, ctx.teacher["v"]))
+        t = teacher_targets(teacher, ctx.x, t_layers or [dt["depth"] - 1], with_v=value_weight)
+        t["maps"] = dict(zip(t_layers, t["maps"]))
+        if value_weight: t["v"] = dict(zip(t_layers, t["v"]))
+        put_taps(ctx, "teacher", t, "AttnDistill")
 
     def forward(ctx: StepContext) -> None:
-        box = {}
-        h = _vit(ctx.model, "student").norm.register_forward_pre_hook(lambda m, a: box.__setitem__("tok", a[0]))
-        try:
-            if s_layers:
-                what = ("maps", "v") if value_weight else ("maps",)
-                with AttentionCapture(ctx.model, s_layers, what=what, cls_only=True) as cap:
-                    ctx.out = ctx.train_model(ctx.x)
-                ctx.student_maps = cap.maps
-                ctx.student_v = cap.v if value_weight else None
-            else:
-                ctx.out = ctx.train_model(ctx.x)
-        finally:
-            h.remove()
+        spec = {"block": [-1]}            # the last block's tokens: the final norm's input
+        if s_layers: spec["cls_maps"] = s_layers
+        if s_layers and value_weight: spec["v"] = s_layers
+        with Taps(_vit(ctx.model, "student"), spec, who="AttnDistill student") as tap:
+            ctx.out = ctx.train_model(ctx.x)
         ctx.logits = None
-        tok = box["tok"]
-        proj = ctx.modules["projector"]
-        ctx.student_proj = proj(tok[:, 0] if not need_patches else tok)
-        if need_patches:
-            ctx.student_patches, ctx.student_proj = ctx.student_proj[:, 1:], ctx.student_proj[:, 0]
+        tok = tap.list("block")[0]
+        s = {"maps": tap.list("cls_maps")} if s_layers else {}
+        if "v" in spec: s["v"] = tap.list("v")
+        proj = ctx.modules["projector"](tok[:, 0] if not need_patches else tok)
+        s.update({"patches": proj[:, 1:], "proj": proj[:, 0]} if need_patches else {"proj": proj})
+        put_taps(ctx, "student", s, "AttnDistill")
 
-    def feat_term(ctx): return feature_mse_loss(ctx.student_proj, ctx.teacher["cls"])
+    def feat_term(ctx): return feature_mse_loss(ctx.student["proj"], ctx.teacher["cls"])
 
     def attn_term(ctx):
         out = []
-        for (i, j), sm in zip(pairs, ctx.student_maps):
+        for (i, j), sm in zip(pairs, ctx.student["maps"]):
             tm = ctx.teacher["maps"][j]
             if value_weight:
-                sm, tm = value_weighted(sm, ctx.student_v[s_layers.index(i)]), value_weighted(tm, ctx.teacher["v"][j])
+                sm, tm = value_weighted(sm, ctx.student["v"][s_layers.index(i)]), value_weighted(tm, ctx.teacher["v"][j])
             out.append(cls_attention_loss(sm, tm, T, aggregate, attn_loss, interpolate, ds["grid"], dt["grid"]))
         return torch.stack(out).mean()
 
-    def patch_term(ctx): return patch_alignment_loss(ctx.student_patches, ctx.teacher["patches"], ds["grid"], dt["grid"])
+    def patch_term(ctx): return patch_alignment_loss(ctx.student["patches"], ctx.teacher["patches"], ds["grid"], dt["grid"])
 
     def compress_term(ctx):
-        return compress_loss(ctx.student_proj, ctx.teacher["cls"], ctx.modules["compress_queue"].anchors(), compress_tau)
+        return compress_loss(ctx.student["proj"], ctx.teacher["cls"], ctx.modules["compress_queue"].anchors(), compress_tau)
 
     def after_step(ctx):
         if compress_weight: ctx.modules["compress_queue"].push(ctx.teacher["cls"])

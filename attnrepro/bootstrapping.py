@@ -15,7 +15,7 @@ from timm.models.vision_transformer import VisionTransformer
 from .losses import feature_mse_loss, kd_loss, linear_decay
 from .attention import Taps
 from .models import intermediate_features
-from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting,
+from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting, put_taps,
                              term_grads)
 
 # %% auto #0
@@ -370,16 +370,16 @@ def bootstrap_method(vit: VisionTransformer, agent: AgentCNN, epochs: int, layer
         names = _block_names(ctx, layers)
         ctx.out, feats = intermediate_features(ctx.train_model, ctx.x, names, return_output=True)
         ctx.logits = ctx.out
-        ctx.vit_feats = [feats[n] for n in names]
         ctx.agent_logits, agent_feats = ctx.modules["agent"].forward_with_features(ctx.x)
-        ctx.agent_feats = [agent_feats[i] for i in layers]
+        put_taps(ctx, "student", {"hints": [feats[n] for n in names]}, "the Bootstrapping agent")
+        put_taps(ctx, "teacher", {"hints": [agent_feats[i] for i in layers]}, "the Bootstrapping agent")
         ctx.kd = mutual_kd(ctx.logits, ctx.agent_logits, T)
 
     def ce_agent(ctx):
         return ce_loss(StepContext(logits=ctx.agent_logits, target=ctx.target, cfg=ctx.cfg))
 
     def hint(ctx):
-        return intermediate_loss(ctx.vit_feats, ctx.agent_feats, adapt=adapt, num_prefix_tokens=prefix_tokens,
+        return intermediate_loss(ctx.student["hints"], ctx.teacher["hints"], adapt=adapt, num_prefix_tokens=prefix_tokens,
                                  vit_grid=grid)
 
     terms = [LossTerm("ce", ce_loss, w_ce), LossTerm("ce_agent", ce_agent, w_ce_agent),

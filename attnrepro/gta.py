@@ -19,7 +19,7 @@ from .attention import AttentionCapture, _resolve_layers, attention_blocks, mode
 from .attention import Taps, require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
-from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, run_teacher_passes
+from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled_sd, untestable
 
 # %% auto #0
@@ -125,7 +125,7 @@ def guidance_term(feature: str = "attn_logits", lam: float = 1.0, layers: Sequen
     if feature not in GUIDE_FEATURES:
         raise ValueError(f"guidance_term: feature={feature!r}; valid: {GUIDE_FEATURES}")
     def fn(ctx: StepContext) -> torch.Tensor:
-        t, s = ctx.feats[feature], ctx.source_feats[feature]
+        t, s = ctx.student[feature], ctx.teacher[feature]
         keep = sorted(ctx.term_layers[GUIDE_TERM_NAMES[feature]])
         return guidance_loss({i: t[i] for i in keep}, {i: s[i] for i in keep}, feature, num_prefix_tokens, center)
     return TapTerm(GUIDE_TERM_NAMES[feature], fn, lam, needs={feature: layers}, source_needs={feature: layers})
@@ -184,7 +184,7 @@ def bss_loss(features: torch.Tensor, k: int = 1) -> torch.Tensor:
 
 def bss_term(eta: float = 0.001, k: int = 1) -> TapTerm:
     "BSS on the target's pre-logit features, weighted by `eta` (name `bss`)."
-    return TapTerm("bss", lambda ctx: bss_loss(ctx.feats["pre_logits"], k), eta, needs={"pre_logits": None})
+    return TapTerm("bss", lambda ctx: bss_loss(ctx.student["pre_logits"], k), eta, needs={"pre_logits": None})
 
 # %% ../nbs/15_gta.ipynb #4467f405
 FINETUNE_PARTS = ("all", "attention", "ffn")
@@ -304,12 +304,11 @@ class TransferMethod(Method):
         ctx.term_layers = self.term_layers
         if self.transmix is not None:
             self._mix(ctx)
-        ctx.source_feats = {}
         if self.source_needs:
             if self.source.training:
                 raise RuntimeError("the GTA source was switched to train mode; it must stay frozen in eval mode")
             (p,) = run_teacher_passes(ctx, self)
-            ctx.source_feats = p.result()
+            put_taps(ctx, "teacher", p.result(), "GTA")
 
     def teacher_passes(self, ctx: StepContext) -> list[TeacherPass]:
         "The source's forward (no grad), stopped after the last block a term reads (`_source_last`; None: in full)."
@@ -320,13 +319,13 @@ class TransferMethod(Method):
     def forward(self, ctx: StepContext) -> None:
         with gta_taps(ctx.model, {f: sorted(l) for f, l in self.needs.items()}) as tap:
             ctx.out = ctx.train_model(ctx.x)
-        ctx.feats = gta_features(tap)
+        put_taps(ctx, "student", gta_features(tap), "GTA")
         ctx.logits = ctx.out
         if self.transmix is not None and ctx.mixed:
             lam = ctx.lam_area
             if self.transmix["label"] == "attention":
                 last = len(ctx.model.blocks) - 1
-                row = ctx.feats["attn_logits"][last].softmax(-1)[..., self.num_prefix_tokens:]
+                row = ctx.student["attn_logits"][last].softmax(-1)[..., self.num_prefix_tokens:]
                 lam_att = transmix_lambda(row, ctx.box_mask)
                 w = self.transmix["area_weight"]
                 lam = (1 - w) * lam_att + w * ctx.lam_area

@@ -28,11 +28,11 @@ from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_has
 from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
-__all__ = ['Schedule', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'ce_loss', 'ce_term', 'Method',
-           'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass', 'execute_teacher_passes',
-           'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups',
-           'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler',
-           'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
+__all__ = ['Schedule', 'TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'put_taps', 'ce_loss',
+           'ce_term', 'Method', 'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass',
+           'execute_teacher_passes', 'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS',
+           'param_groups', 'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed',
+           'ShardSampler', 'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
            'load_checkpoint', 'fit']
 
 # %% ../nbs/06_train.ipynb #f8d9c0c6
@@ -72,6 +72,22 @@ class LossTerm:
 # %% ../nbs/06_train.ipynb #33b46fbf
 class StepContext(SimpleNamespace):
     "Per-step state shared by hooks and loss terms (see the table above); hooks may add any attribute."
+
+TAP_SIDES = ("student", "teacher")
+
+def put_taps(ctx: StepContext, side: str, taps: Mapping, owner: str = "a method") -> None:
+    "Add `taps` {key: tensors} to `ctx.student` or `ctx.teacher` (`side`), refusing keys already filled this step."
+    if side not in TAP_SIDES:
+        raise ValueError(f"put_taps: side={side!r}; choose one of {TAP_SIDES}")
+    have = getattr(ctx, side, None)
+    if have is None:
+        have = {}
+        setattr(ctx, side, have)
+    clash = sorted(set(taps) & set(have))
+    if clash:
+        raise KeyError(f"put_taps: {owner} sets ctx.{side}{clash}, which another part of this step already set; "
+                       "give the terms distinct names")
+    have.update(taps)
 
 def ce_loss(ctx: StepContext) -> torch.Tensor:
     "Cross-entropy of `ctx.logits` with `ctx.target`: soft-target CE after Mixup/CutMix, else CE with label smoothing."

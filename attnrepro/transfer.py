@@ -21,7 +21,8 @@ from .attention import Taps, require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
-from .train import LossTerm, Method, StepContext, TeacherPass, ce_term, execute_teacher_passes, run_teacher_passes
+from .train import (LossTerm, Method, StepContext, TeacherPass, ce_term, execute_teacher_passes, put_taps,
+                             run_teacher_passes)
 
 # %% auto #0
 __all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'first_layers', 'last_layers', 'first_heads',
@@ -218,8 +219,8 @@ class TeacherDistillMethod(Method):
             raise ValueError(f"TeacherDistillMethod: one Distill per kind, got {names}")
         self.teacher, self.distill, self.shared_drop_path = teacher.eval().requires_grad_(False), distill, shared_drop_path
         terms = ([ce_term(ce_weight)] if ce_weight else []) + [
-            LossTerm(d.name, (lambda ctx, d=d: _distill_loss(d.kind, ctx.distill_student[d.name],
-                                                             ctx.distill_teacher[d.name])), d.weight)
+            LossTerm(d.name, (lambda ctx, d=d: _distill_loss(d.kind, ctx.student[d.name],
+                                                             ctx.teacher[d.name])), d.weight)
             for d in distill]
         super().__init__(terms, name=name or "+".join(names), frozen_modules={"teacher": self.teacher})
         self._resolved = None
@@ -268,9 +269,7 @@ class TeacherDistillMethod(Method):
         ctx.logits = ctx.out if isinstance(ctx.out, torch.Tensor) else None
         s_blocks = bo.get("block") if blocks else {}
         t_blocks = dict(zip(blocks, t.get("blocks", [])))
-        # added to, not replaced: distillation parts of one composed method fill one dict each (keys are term names)
-        ctx.distill_student = getattr(ctx, "distill_student", None) or {}
-        ctx.distill_teacher = getattr(ctx, "distill_teacher", None) or {}
+        s_taps, t_taps = {}, {}   # keyed by term name: parts of one composed method fill ctx.student/teacher side by side
         for name, (w, ls) in att.items():
             idx = [layers.index(i) for i in ls]
             if w == "logits" and qk:
@@ -280,13 +279,15 @@ class TeacherDistillMethod(Method):
                     first = type(a) is Attention
                     if mask is None and not causal: return _StudentQK(q[j], k[j], a.scale, first)
                     return _attn_logits(q[j], k[j], a.scale, mask, causal, scale_first=first)   # masked: the logits path
-                ctx.distill_student[name] = [student_side(j) for j in idx]
+                s_taps[name] = [student_side(j) for j in idx]
             else:
-                ctx.distill_student[name] = [cap.get(w)[j] for j in idx]
-            ctx.distill_teacher[name] = [t[w][j] for j in idx]
+                s_taps[name] = [cap.get(w)[j] for j in idx]
+            t_taps[name] = [t[w][j] for j in idx]
         for name, ls in feat.items():
-            ctx.distill_student[name] = [s_blocks[i] for i in ls]
-            ctx.distill_teacher[name] = [t_blocks[i] for i in ls]
+            s_taps[name] = [s_blocks[i] for i in ls]
+            t_taps[name] = [t_blocks[i] for i in ls]
+        put_taps(ctx, "student", s_taps, f"distillation {self.name!r}")
+        put_taps(ctx, "teacher", t_taps, f"distillation {self.name!r}")
 
 # %% ../nbs/14_transfer.ipynb #5f6df223
 def vit_shape(model: nn.Module) -> dict:

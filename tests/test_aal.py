@@ -397,9 +397,9 @@ def test_pit_aal_loss_is_eq5_on_the_stacked_maps():
     method.forward(ctx)
     with torch.no_grad():
         _, B = teacher_block_maps(teacher, x, grid=(7, 7))
-    torch.testing.assert_close(ctx.cnn_maps, torch.cat(B, 1))
+    torch.testing.assert_close(ctx.teacher["aal_maps"], torch.cat(B, 1))
     loss = method.terms[1].fn(ctx)
-    torch.testing.assert_close(loss, aal_loss(method.extra_modules["aal_links"](ctx.vit_maps), torch.cat(B, 1)))
+    torch.testing.assert_close(loss, aal_loss(method.extra_modules["aal_links"](ctx.student["aal_maps"]), torch.cat(B, 1)))
     assert ctx.logits.shape == (2, 10) and ctx.dist_logits is None
 
 
@@ -475,7 +475,7 @@ def test_teacher_size_upsamples_the_teachers_input(size):
     hook.remove()
     _, ref = teacher_block_maps(teacher, up, grid=(4, 4))
     assert seen == [(size, size)] and method.teacher_size == size
-    torch.testing.assert_close(ctx.cnn_maps, torch.cat(ref, 1))
+    torch.testing.assert_close(ctx.teacher["aal_maps"], torch.cat(ref, 1))
     dm = distill_method(teacher, "hard", IMAGENET_MEAN, IMAGENET_STD, teacher_size=size)
     dctx, dx, _ = one_step(dm, deit_student())
     with torch.no_grad():
@@ -492,7 +492,7 @@ def test_teacher_size_errors_and_default():
     teacher = cifar_resnet(20).eval()
     ctx, x, _ = one_step(aal_method(tiny(), teacher, epochs=1, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD), tiny())
     _, ref = teacher_block_maps(teacher, x, grid=(4, 4))       # None: the teacher sees the student's 32 px batch
-    torch.testing.assert_close(ctx.cnn_maps, torch.cat(ref, 1))
+    torch.testing.assert_close(ctx.teacher["aal_maps"], torch.cat(ref, 1))
 
 
 def test_imagenet_class_index_and_class_subset():

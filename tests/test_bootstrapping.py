@@ -269,7 +269,7 @@ def test_joint_method_gradients_stay_on_their_side():
     agent = AgentCNN(vit, "res_like")
     m = bootstrap_method(vit, agent, epochs=2)
     ctx = _ctx_step(m, vit, agent, torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
-    assert len(ctx.vit_feats) == 2 and ctx.vit_feats[0].shape == (4, 65, 32)
+    assert len(ctx.student["hints"]) == 2 and ctx.student["hints"][0].shape == (4, 65, 32)
     vit_p, agent_p = list(vit.parameters()), list(agent.parameters())
     g = torch.autograd.grad(sum(ctx.weighted[n] for n in VIT_TERMS), agent_p, allow_unused=True, retain_graph=True)
     assert all(t is None or t.abs().sum() == 0 for t in g)      # hint/KD of the ViT do not train the agent

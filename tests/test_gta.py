@@ -418,17 +418,17 @@ def test_source_stops_after_the_last_guided_block_and_gives_the_full_forwards_lo
     full = gta_features(tap)
     assert ran == [0, 1, 2, "norm", "head"]
     for h in hooks: h.remove()
-    want = guidance_loss({i: ctx.feats[feature][i] for i in keep}, {i: full[feature][i] for i in keep}, feature)
+    want = guidance_loss({i: ctx.student[feature][i] for i in keep}, {i: full[feature][i] for i in keep}, feature)
     assert got.item() > 0 and torch.equal(got, want)   # bit for bit: the same operations on the same blocks
     for i in keep:
-        assert torch.equal(ctx.source_feats[feature][i], full[feature][i])
+        assert torch.equal(ctx.teacher[feature][i], full[feature][i])
 
 
 def test_source_runs_in_full_when_a_term_reads_its_head_input(source):
     "A term that declares the source's pre-logits (the head's input) gets the whole forward."
     from attnrepro.gta import TapTerm
     tgt = target_from_source(source, 4)
-    term = TapTerm("src_feat", lambda ctx: ctx.source_feats["pre_logits"].pow(2).mean(), 1.0,
+    term = TapTerm("src_feat", lambda ctx: ctx.teacher["pre_logits"].pow(2).mean(), 1.0,
                    source_needs={"pre_logits": None})
     meth = TransferMethod(tgt, source, [term])
     x = torch.randn(2, 3, 32, 32)
@@ -436,5 +436,5 @@ def test_source_runs_in_full_when_a_term_reads_its_head_input(source):
                       device=torch.device("cpu"), step=0, cfg=TrainConfig(epochs=1, warmup_epochs=0))
     meth.before_forward(ctx)
     with torch.no_grad():
-        torch.testing.assert_close(ctx.source_feats["pre_logits"], source.forward_head(source.forward_features(x),
+        torch.testing.assert_close(ctx.teacher["pre_logits"], source.forward_head(source.forward_features(x),
                                                                                          pre_logits=True))

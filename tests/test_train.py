@@ -801,3 +801,18 @@ def test_device_from_environment(monkeypatch):
         monkeypatch.setenv("ATTNREPRO_DEVICE", "cuda")
         with pytest.raises(ValueError, match="CUDA is not available"):
             _resolve_device(None)
+
+
+def test_put_taps_one_scheme_and_refuses_a_key_set_twice():
+    "Terms read ctx.student / ctx.teacher; a second writer of one key in a step is an error naming both, not an overwrite."
+    from attnrepro.train import StepContext, put_taps
+    ctx = StepContext()
+    put_taps(ctx, "student", {"block": 1}, "GTA")
+    put_taps(ctx, "student", {"attn_distill": 2}, "distillation")
+    put_taps(ctx, "teacher", {"block": 3}, "GTA")
+    assert ctx.student == {"block": 1, "attn_distill": 2} and ctx.teacher == {"block": 3}
+    with pytest.raises(KeyError, match=r"AAL sets ctx.student\['block'\], which another part"):
+        put_taps(ctx, "student", {"block": 4}, "AAL")
+    assert ctx.student["block"] == 1
+    with pytest.raises(ValueError, match="side='students'"):
+        put_taps(ctx, "students", {}, "x")

@@ -80,7 +80,7 @@ def test_attn_and_q_distill_golden(x):
     assert [(tm.name, tm.weight) for tm in m.terms] == [("ce", 1.0), ("attn_distill", 3.0), ("q_distill", 0.5),
                                                          ("feature_distill", 1.0)]
     # the teacher's side carries no graph, the student's does
-    assert not ctx.distill_teacher["attn_distill"][0].requires_grad and ctx.distill_student["attn_distill"][0].q.requires_grad
+    assert not ctx.teacher["attn_distill"][0].requires_grad and ctx.student["attn_distill"][0].q.requires_grad
 
 
 def test_attn_distill_from_qk_gives_the_logits_paths_gradients(x):
@@ -90,7 +90,7 @@ def test_attn_distill_from_qk_gives_the_logits_paths_gradients(x):
     m = TeacherDistillMethod(t, [Distill("attn", (0, 2), 3.0)], ce_weight=0.0)
     ctx = StepContext(model=s, train_model=s, x=x)
     m.forward(ctx)
-    assert all(type(a).__name__ == "_StudentQK" for a in ctx.distill_student["attn_distill"])
+    assert all(type(a).__name__ == "_StudentQK" for a in ctx.student["attn_distill"])
     fast = torch.autograd.grad(3.0 * m.terms[0].fn(ctx), list(s.parameters()), allow_unused=True)
     with torch.no_grad(), AttentionCapture(t, (0, 2)) as ct:
         t(x)
@@ -246,8 +246,8 @@ def test_distill_teacher_is_a_frozen_module(x):
     t.to("meta")   # what fit does on the student's device
     ctx = StepContext(model=s, train_model=s, x=x.to("meta"))
     m.forward(ctx)
-    assert ctx.distill_teacher["attn_distill"][0].shape == (4, 2, 17, 17)
-    assert all(v[0].device.type == "meta" for v in ctx.distill_teacher.values())
+    assert ctx.teacher["attn_distill"][0].shape == (4, 2, 17, 17)
+    assert all(v[0].device.type == "meta" for v in ctx.teacher.values())
 
 
 @pytest.mark.parametrize("build", ["distill_first_2", "copy_block_0", "q_and_feature"])
