@@ -13,6 +13,7 @@ import yaml
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
                             git_commit, project_root, resumed_time, run_host)
 from .scale import dry_call, dry_run_steps, executor_name
+from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile, validate_recipe
 from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
@@ -57,16 +58,17 @@ def _scale_epochs(node, scale: float):
 
 def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = None,
                  epochs_scale: float | None = None) -> dict:
-    """The recipe of `profile` from `papers/<short>/profiles.yaml`. `seeds` (the notebooks' `seeds` parameter)
+    """The recipe of `profile` from `papers/<short>/profiles.yaml`, its `extends` chain merged in and checked against the
+    paper's schema (`attnrepro.recipes`: an error names the bad key). `seeds` (the notebooks' `seeds` parameter)
     replaces the seeds of the headline rows: the profile's top-level `seeds`, else each section's `seeds`.
     `epochs_scale` (the `epochs_scale` parameter) multiplies every recipe's epochs, e.g. 2.0 trains twice as long."""
     check_profile(profile)
     p = papers_dir(root) / short / "profiles.yaml"
     if not p.exists(): raise FileNotFoundError(f"{p} does not exist: paper {short!r} has no profiles yet")
-    profiles = yaml.safe_load(p.read_text()) or {}
+    profiles = read_profiles(p)
     if profile not in profiles:
         raise ValueError(f"Paper {short!r} defines no {profile!r} profile in {p}; it has: {sorted(profiles)}")
-    P = profiles[profile]
+    P = validate_recipe(short, resolve_profile(profiles, profile, str(p)), f"{p} [{profile}]")
     if seeds is not None:
         if (not isinstance(seeds, (list, tuple)) or not seeds
                 or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
@@ -136,8 +138,8 @@ def _regime_note(root: Path, short: str, man: dict) -> str:
     try:
         text = subprocess.run(["git", "show", f"{commit}:papers/{short}/profiles.yaml"], cwd=root, capture_output=True,
                               text=True, check=True).stdout
-        return ((yaml.safe_load(text) or {}).get(man.get("profile")) or {}).get("note", "")
-    except (subprocess.CalledProcessError, FileNotFoundError, yaml.YAMLError): pass
+        return resolve_profile(yaml.load(text, Loader=_RecipeLoader) or {}, man.get("profile")).get("note", "")
+    except (subprocess.CalledProcessError, FileNotFoundError, yaml.YAMLError, RecipeError): pass
     try: return load_profile(short, man.get("profile"), root).get("note", "")
     except (ValueError, FileNotFoundError): return ""
 

@@ -8,6 +8,8 @@ import yaml
 from attnrepro.core import project_root
 from attnrepro.data import list_datasets
 from attnrepro.models import BUILTIN_TEACHERS, teacher_names
+from attnrepro.recipes import RECIPE_SCHEMAS, RecipeError, read_profiles, resolve_profile, validate_recipe
+from attnrepro.report import load_profile
 from attnrepro.runner import runnable_papers
 
 ROOT = project_root()
@@ -17,7 +19,9 @@ EMBEDDED = {"cifar10-sample", "tiny-imagenet-sample", "digits"}
 
 
 def profiles(paper):
-    return yaml.safe_load((ROOT / "papers" / paper / "profiles.yaml").read_text())
+    "Every profile of `paper` as the notebooks get it: `extends` resolved."
+    raw = read_profiles(ROOT / "papers" / paper / "profiles.yaml")
+    return {name: resolve_profile(raw, name) for name in raw}
 
 
 def walk(obj, path=()):
@@ -209,3 +213,56 @@ def test_paper_profile_teachers_are_hub_names_or_null(paper):
               and not p[-1].startswith("paper_")]
     bad = [(p, v) for p, v in leaves if v is not None and not (isinstance(v, str) and v.startswith("timm:"))]
     assert leaves and not bad, bad
+
+
+@pytest.mark.parametrize("paper", runnable_papers())
+def test_every_profile_matches_its_recipe_schema(paper):
+    assert paper in RECIPE_SCHEMAS, f"declare a @recipe_schema for {paper} in attnrepro.recipes"
+    for name, P in profiles(paper).items():
+        assert validate_recipe(paper, P) == P
+        assert load_profile(paper, name) == P
+
+
+def _gta_mini():
+    return profiles("gta")["mini"]
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda P: P.update(heldot=0.2), "[mini]: unknown key 'heldot' (did you mean 'heldout'?)"),
+    (lambda P: P.pop("rates"), "missing required keys ['rates']"),
+    (lambda P: P.update(keep_mass="0.6"), "keep_mass must be float, got str"),
+    (lambda P: P.update(figure_images=True), "figure_images must be int, got bool"),
+    (lambda P: P["pilot"]["train"].update(lrr=1e-3), "pilot.train.lrr is not a TrainConfig field (did you mean 'lr'?)"),
+])
+def test_a_bad_recipe_key_is_named_on_load(tmp_path, change, message):
+    "load_profile refuses a misspelt, missing or mistyped key with the file, profile and key path in the message."
+    P = _gta_mini()
+    change(P)
+    (tmp_path / "papers" / "gta").mkdir(parents=True)
+    (tmp_path / "papers" / "gta" / "profiles.yaml").write_text(yaml.safe_dump({"mini": P}))
+    with pytest.raises(RecipeError) as e:
+        load_profile("gta", "mini", root=tmp_path)
+    assert message in str(e.value) and "profiles.yaml" in str(e.value)
+
+
+def test_extends_merges_and_replace_replaces(tmp_path):
+    "A profile extending another is that profile deep-merged with its own keys; `!replace` swaps a dict whole."
+    base = _gta_mini()
+    text = yaml.safe_dump({"mini": base}) + """
+smoke:
+  extends: mini
+  note: a cheaper mini
+  train: {batch_size: 8}
+  datasets: !replace {out: {name: cifar10-sample}}
+  seeds: [0]
+paper: {extends: paper}
+"""
+    (tmp_path / "papers" / "gta").mkdir(parents=True)
+    (tmp_path / "papers" / "gta" / "profiles.yaml").write_text(text)
+    got = load_profile("gta", "smoke", root=tmp_path)
+    assert got["train"] == {**base["train"], "batch_size": 8} and got["seeds"] == [0]
+    assert got["datasets"] == {"out": {"name": "cifar10-sample"}} and got["note"] == "a cheaper mini"
+    assert {k: v for k, v in got.items() if k not in ("train", "datasets", "seeds", "note")} == \
+           {k: v for k, v in base.items() if k not in ("train", "datasets", "seeds", "note")}
+    with pytest.raises(RecipeError, match="cycle: paper -> paper"):
+        load_profile("gta", "paper", root=tmp_path)
