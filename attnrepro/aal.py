@@ -14,7 +14,7 @@ from torch import nn
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, ModuleOutputs
+from .attention import AttentionCapture, ModuleOutputs, on_model_device
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
 from .models import block_names, describe_model, intermediate_features
@@ -22,15 +22,18 @@ from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps
 
 # %% auto #0
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
-           'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'vit_map_layout', 'cls_attention_maps', 'renormalize',
-           'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks', 'paper_link_mask',
-           'link_mask', 'resample_link_mask', 'link_magnitudes', 'link_pair_scores', 'select_links', 'aal_loss',
-           'aal_lambda_schedule', 'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history',
-           'pit_map_layout', 'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset',
-           'restrict_to_classes', 'distill_method', 'kd_term', 'kd_method', 'claim_beats_baselines_at_low_data',
-           'claim_selective_beats_full', 'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation',
-           'top_layer_share', 'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach',
-           'claim_converges_faster', 'claim_localises_better']
+           'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'AAL_METHODS', 'LAST_THIRD_RULE', 'CE_SPEC', 'vit_map_layout',
+           'cls_attention_maps', 'renormalize', 'teacher_block_maps', 'cnn_block_channels', 'aal_param_count',
+           'AttentionLinks', 'paper_link_mask', 'link_mask', 'resample_link_mask', 'link_magnitudes',
+           'link_pair_scores', 'select_links', 'aal_loss', 'aal_lambda_schedule', 'aal_decay_rates',
+           'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout', 'pit_cls_attention_maps',
+           'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes', 'distill_method', 'kd_term',
+           'kd_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
+           'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
+           'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
+           'claim_localises_better', 'frozen_teacher', 'teacher_stats', 'label_teacher', 'run_datasets',
+           'lambda_gammas', 'load_backbone_', 'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist',
+           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config', 'describe_regime']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -716,3 +719,226 @@ def claim_localises_better(aal: Mapping[str, Arm], deit: Mapping[str, Arm]) -> V
     keys = ("iou50", "mean")
     if (u := _without_spread([*(aal[k] for k in keys), *(deit[k] for k in keys)])): return u
     return all_of([greater(difference(aal[k], deit[k], f"MaxBoxAcc AAL - DeiT ({k})")) for k in keys])
+
+# %% ../nbs/12_aal.ipynb #1fde61a1
+from .core import seed_everything
+from .data import (AUGMENT_PRESETS, FileImageDataset, class_balanced_subset, eval_frame_boxes, eval_transform,
+                            get_dataset, train_transform)
+from .evaluate import max_box_acc, upsample_maps
+from .models import create_student, load_teacher
+from .scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
+from .train import TrainConfig, fit
+
+AAL_METHODS = ("ce", "deit", "aal", "pit_aal")
+# the decay rule in force (aal_decay_rates), named in every AAL config so that runs trained under the earlier rule
+# (the last third one epoch short, none for E <= 5) are not reused from the cache
+LAST_THIRD_RULE = "last ceil(E/3) epochs"
+CE_SPEC = dict(kind="ce")
+_TEACHERS = ProcessCache()   # loaded once per process; a grid job (PaperRun.run_many) gets it empty and loads its own
+
+def frozen_teacher(name: str) -> nn.Module:
+    "A frozen eval-mode teacher by `load_teacher` name, loaded once per process."
+    if name not in _TEACHERS:
+        _TEACHERS[name] = load_teacher(name).eval().requires_grad_(False)
+    return _TEACHERS[name]
+
+def teacher_stats(t: nn.Module) -> tuple:
+    "The (mean, std) a loaded teacher expects its input normalised with."
+    return tuple(t.teacher_cfg["mean"]), tuple(t.teacher_cfg["std"])
+
+def label_teacher(name: str, classes) -> nn.Module:
+    "The teacher as a classifier over the student's classes (ImageNet teachers restricted to them, `ClassSubset`)."
+    return restrict_to_classes(frozen_teacher(name), classes)
+
+def run_datasets(spec: Mapping, img_size: int, augment: str):
+    "(train subset, val set, classes) of a data spec {name, val_split, fraction | per_class, subset_seed, val_per_class}."
+    tr = get_dataset(spec["name"], "train", transform=train_transform(augment, img_size))
+    va = get_dataset(spec["name"], spec["val_split"], transform=eval_transform(img_size))
+    if spec.get("fraction") is not None and spec["fraction"] < 1:
+        tr = class_balanced_subset(tr, fraction=spec["fraction"], seed=spec.get("subset_seed", 0))
+    elif spec.get("per_class"):
+        tr = class_balanced_subset(tr, per_class=spec["per_class"], seed=spec.get("subset_seed", 0))
+    if spec.get("val_per_class"):
+        va = class_balanced_subset(va, per_class=spec["val_per_class"], seed=0)
+    return tr, va, list(tr.classes)
+
+def lambda_gammas(m: Mapping, epochs: int) -> tuple[float, float]:
+    "Per-epoch decay rates of a method spec (decision 6): as printed, or rescaled to the paper's path over `ref_epochs`."
+    return aal_decay_rates(epochs, m.get("gamma", 0.99), m.get("gamma_last_third", 0.98), m["lambda_decay"],
+                           m["ref_epochs"])
+
+def load_backbone_(student: nn.Module, spec: str) -> None:
+    "Every weight of the pre-trained model `spec` but its classifier head(s) into `student`; any other mismatch is an error."
+    src = {k: v for k, v in frozen_teacher(spec).state_dict().items() if not k.startswith("head")}
+    missing, unexpected = student.load_state_dict(src, strict=False)
+    if [k for k in missing if not k.startswith("head")] or unexpected:
+        raise ValueError(f"{spec} does not fit the student: missing {[k for k in missing if not k.startswith('head')]}, "
+                         f"unexpected {unexpected}")
+
+def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Method | None]:
+    "Student and method (None: plain CE) of a run config; `distill`: the recipe's label-distillation weights."
+    m, arch = config["method"], dict(config["arch"])
+    n_cls, epochs = len(classes), config["train"]["epochs"]
+    if m["kind"] not in AAL_METHODS:
+        raise ValueError(f"method kind {m['kind']!r}; valid: {AAL_METHODS}")
+    kind, ts = m.get("distill"), m.get("teacher_size")   # ts: the teacher's input size (decision 12)
+    if kind and arch["arch"] != "deit":
+        raise ValueError(f"label distillation ({kind}) needs arch 'deit', got {arch['arch']!r}")
+    seed_everything(config["train"].get("seed", 0))
+    student = create_student(**arch, num_classes=n_cls)
+    if config.get("init"): load_backbone_(student, config["init"])   # Table B's transfer rows (paper profile)
+    if arch["arch"] == "deit":
+        student.set_distilled_training(True)
+    if m["kind"] == "ce":
+        return student, None
+    if m["kind"] == "deit":
+        d = distill[kind]
+        return student, distill_method(label_teacher(m["teacher"], classes), kind,
+                                       *teacher_stats(frozen_teacher(m["teacher"])), ce_weight=d["ce_weight"],
+                                       dist_weight=d["weight"], T=d.get("T", 1.0), teacher_size=ts)
+    t = frozen_teacher(m["teacher"])
+    g, g_last = lambda_gammas(m, epochs)
+    if m["kind"] == "pit_aal":
+        t_mean, t_std = teacher_stats(t)
+        return student, pit_aal_method(student, t, lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs,
+                                       teacher_mean=t_mean, teacher_std=t_std, teacher_size=ts)
+    links = torch.tensor(m["links"], dtype=torch.bool) if isinstance(m["links"], list) else m["links"]
+    terms = [deit_distillation_term(kind, distill[kind]["weight"], distill[kind].get("T", 1.0))] if kind else []
+    method = aal_method(student, t, lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs, links=links,
+                        ce_weight=distill[kind]["ce_weight"] if kind else 1.0, extra_terms=terms, teacher_size=ts)
+    if kind and label_teacher(m["teacher"], classes) is not t:   # AAL + hard: the teacher must predict these classes
+        raise ValueError("AAL + label distillation here uses a teacher trained on the student's classes")
+    return student, method
+
+def cls_mean_maps(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    "Mean of all Eq. 3 maps (every head of every layer): (B, h, w)."
+    lay = vit_map_layout(model)
+    was = model.training
+    model.eval()
+    with torch.no_grad(), AttentionCapture(model, what="maps", cls_only=True) as cap:
+        model(on_model_device(model, x))   # `fit` leaves the student on the GPU; the images come from a CPU dataset
+    model.train(was)
+    return cls_attention_maps(cap.maps, lay["grid"], lay["prefix_tokens"]).mean(1).cpu()
+
+def boxes_in_view(ds, img_size: int):
+    """`ds.boxes` in the frame the student sees, as integer pixel boxes (`data.eval_frame_boxes(pixels=True)`): images
+    read from files at their own size (CUB-200) are resized and centre-cropped by eval_transform, so their boxes are
+    too; decoded arrays (Tiny-ImageNet) are shown at their stored size and keep their boxes. A dry run's synthetic
+    stand-in has no boxes: whole-image boxes stand in."""
+    if ds.boxes is None:
+        return [np.array([[0, 0, img_size, img_size]])] * len(ds) if dry_run_steps() else None
+    base, idx = (ds.dataset, ds.indices) if isinstance(ds, torch.utils.data.Subset) else (ds, range(len(ds)))
+    if not isinstance(base, FileImageDataset): return ds.boxes
+    from PIL import Image
+    return [eval_frame_boxes(b, Image.open(base.images[i]).size, img_size, pixels=True) for i, b in zip(idx, ds.boxes)]
+
+def wsol_probe(model: nn.Module, va, spec: Mapping) -> dict:
+    "WSOL MaxBoxAcc of the mean CLS map on val boxes, and the maps of a few fixed val images (Figure A)."
+    sub = class_balanced_subset(va, per_class=spec["wsol_per_class"], seed=0) if spec.get("wsol_per_class") else va
+    if getattr(sub, "boxes", None) is None and not dry_run_steps():
+        raise ValueError(f"WSOL needs a val set with boxes; {spec} has none")
+    view = boxes_in_view(sub, sub[0][0].shape[-1])
+    n = min(len(sub), 2 * dry_run_cpu_batch()) if dry_run_steps() else len(sub)   # a dry run times a few images
+    maps, boxes = [], []
+    for i in range(0, n, 100):
+        idx = range(i, min(i + 100, n))
+        x = torch.stack([sub[j][0] for j in idx])
+        maps.append(upsample_maps(cls_mean_maps(model, x), x.shape[-1]))
+        boxes += [view[j] for j in idx]
+    res = max_box_acc(torch.cat(maps), boxes, iou_thresholds=(0.3, 0.5, 0.7))
+    ex = np.linspace(0, len(va) - 1, spec.get("example_images", 6)).round().astype(int).tolist()
+    xm = cls_mean_maps(model, torch.stack([va[i][0] for i in ex]))
+    return dict(wsol={k: res[k] for k in ("iou30", "iou50", "iou70")}, wsol_n=len(sub), example_index=ex,
+                example_maps=[[[round(float(v), 5) for v in row] for row in m] for m in xm])
+
+def abs_hist(w0: torch.Tensor, w: torch.Tensor, bins: int = 30) -> dict:
+    "Histograms of |link| at initialisation and after training on common bins (Figure 2's init panel)."
+    edges = np.linspace(0.0, float(max(w0.abs().max(), w.abs().max())), bins + 1)
+    return dict(edges=edges.round(6).tolist(), init=np.histogram(w0.abs().numpy(), edges)[0].tolist(),
+                trained=np.histogram(w.abs().numpy(), edges)[0].tolist())
+
+def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
+    """Train one run config of the aal notebook (`recipe`: its profile, for `distill`, `theta_l`, `progress`): top-1/5,
+    the per-image val hits, the learning curve, loss weights per epoch, and for AAL the links and their history."""
+    tr, va, classes = run_datasets(config["data"], config["arch"]["img_size"], config["augment"])
+    student, method = build_run(config, classes, recipe["distill"])
+    links = method.extra_modules["aal_links"] if method is not None and method.name == "aal" else None
+    w0 = links.link_weight().detach().clone() if links is not None else None   # the random init (seeded), Figure 2
+    cfg = TrainConfig(**{**config["train"], **AUGMENT_PRESETS[config["augment"]]})
+    # per-image val hits kept (pack_correct) so that arms compare paired on one test set (verdicts.paired_difference)
+    res = fit(student, tr, va, cfg, method=method, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress", False)),
+              record_correct=True)
+    hist = res["history"]
+    out = dict(top1=res["final"]["acc1"], top5=res["final"]["acc5"], epochs=res["epochs"], steps=res["steps"],
+               n_train=len(tr), n_val=len(va), wall_time_s=res["wall_time_s"], correct=res["final"]["correct"],
+               images_per_s=len(tr) * res["epochs"] / max(res["wall_time_s"], 1e-9),
+               n_params=res["n_params"], n_params_extra=res["n_params_extra"],
+               curve=[dict(epoch=h["epoch"] + 1, top1=h["val_acc1"], top5=h["val_acc5"]) for h in hist if "val_acc1" in h],
+               weights={k: [h[k] for h in hist] for k in hist[0] if k.startswith("weight_")})
+    if links is not None:
+        w = links.link_weight().detach().cpu()
+        # a dry run's fit ends no epoch, so no per-epoch link columns: the links as they are stand in
+        hist_links = [link_magnitudes(links).tolist()] if dry_run_steps() else link_history(hist).tolist()
+        out.update(links=link_magnitudes(links).tolist(), link_history=hist_links,
+                   selected=select_links(links, recipe["theta_l"]).int().tolist(),
+                   pair_scores=link_pair_scores(links).tolist(),
+                   links_init=link_magnitudes(w0, links.block_channels, links.num_heads).tolist(),
+                   link_abs_hist=abs_hist(w0.cpu(), w), block_channels=links.block_channels)
+    if config.get("probes"):
+        out.update(wsol_probe(student, va, config["probes"]))
+    return out
+
+def teacher_top1(config: Mapping, ckpt_dir=None) -> dict:
+    "A teacher's top-1 on a data spec's val set (restricted to its classes), fed as in training (`teacher_size`)."
+    name, spec, ts = config["teacher"], config["data"], config.get("teacher_size")
+    tr, va, classes = run_datasets(dict(spec, fraction=None), config["img_size"], "none")
+    if dry_run_steps(): va = torch.utils.data.Subset(va, range(min(len(va), 2 * dry_run_cpu_batch())))   # a few images
+    t = label_teacher(name, classes)
+    mean, std = teacher_stats(frozen_teacher(name))
+    correct = n = 0
+    with torch.no_grad():
+        for i in range(0, len(va), 250):
+            idx = range(i, min(i + 250, len(va)))
+            x = torch.stack([va[j][0] for j in idx]); y = torch.tensor([va[j][1] for j in idx])
+            x = renormalize(on_model_device(t, x), IMAGENET_MEAN, IMAGENET_STD, mean, std)   # the teacher may sit on the GPU
+            if ts: x = F.interpolate(x, size=(ts, ts), mode="bilinear", align_corners=False)  # as in training (decision 12)
+            correct += int((t(x).argmax(-1).cpu() == y).sum()); n += len(y)
+    return dict(top1=100 * correct / n, n=n)
+
+# --- config builders: a config hashes as it did when first run (keys only where set) --------------------------------
+def train_kw(recipe: Mapping, epochs: int, eval_every: int | None = None, seed: int = 0, **over) -> dict:
+    "TrainConfig kwargs of a run: the recipe's `train` with `warmup_frac` turned into warm-up epochs."
+    base = dict(recipe["train"])
+    warm = base.pop("warmup_frac")
+    return dict(base, epochs=int(epochs), warmup_epochs=round(warm * epochs, 3), seed=seed,
+                eval_every=int(eval_every or epochs), **over)
+
+def aal_spec(recipe: Mapping, teacher_name: str, links="full", lam=None, decay=None, distill=None,
+             teacher_size=None) -> dict:
+    "The method spec of an AAL run with the recipe's lambda and decay (`decay` overrides them)."
+    a = recipe["aal"]
+    m = dict(kind="aal", teacher=teacher_name, links=links, lam=float(lam if lam is not None else a["lam"]),
+             lambda_decay=a["lambda_decay"], ref_epochs=a["ref_epochs"], gamma=a["gamma"],
+             gamma_last_third=a["gamma_last_third"], last_third=LAST_THIRD_RULE)
+    if decay is not None: m.update(decay)
+    if distill: m["distill"] = distill
+    if teacher_size: m["teacher_size"] = teacher_size
+    return m
+
+def deit_spec(teacher_name: str, kind: str = "hard", teacher_size=None) -> dict:
+    "The method spec of DeiT label distillation from `teacher_name`."
+    return dict(kind="deit", teacher=teacher_name, distill=kind, **({"teacher_size": teacher_size} if teacher_size else {}))
+
+def regime_config(recipe: Mapping, name: str, method: Mapping, arch: Mapping, seed: int = 0, curve: bool = False,
+                  probes=None) -> dict:
+    "A run in the recipe's regime `name` (data, augmentation, epochs, `table` tag); `curve`: evaluate every epoch."
+    R = recipe["regimes"][name]
+    over = {"batch_size": R["batch_size"]} if "batch_size" in R else {}
+    return dict(table=R["tag"], data=R["data"], augment=R["augment"], arch=arch, method=method,
+                train=train_kw(recipe, R["epochs"], 1 if curve else None, seed, **over), probes=probes)
+
+def describe_regime(recipe: Mapping, name: str) -> str:
+    "A regime in words, for captions."
+    R, d = recipe["regimes"][name], recipe["regimes"][name]["data"]
+    sub = f"{d['per_class']} per class" if d.get("per_class") else f"{100 * d['fraction']:g} %" if d.get("fraction") else "all"
+    return f"{d['name']} {sub}, {R['augment']} augmentation, {R['epochs']} epochs"

@@ -657,16 +657,23 @@ def eval_transform(img_size: int):
     from torchvision import transforms as T
     return T.Compose([*eval_view(img_size).transforms, T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
 
-def eval_frame_boxes(boxes, size: tuple[int, int], img_size: int) -> np.ndarray:
+def eval_frame_boxes(boxes, size: tuple[int, int], img_size: int, pixels: bool = False) -> np.ndarray:
     """(k, 4) boxes (x0, y0, x1, y1, ends exclusive) of an image of `size` (width, height) as they land in the
     `img_size` square that `eval_transform` makes of it (torchvision's Resize and CenterCrop arithmetic), clipped to
-    it; boxes the crop removes entirely are dropped. The identity for an image already `img_size` square."""
+    it; boxes the crop removes entirely are dropped. The identity for an image already `img_size` square.
+    `pixels=True` (MaxBoxAcc's integer boxes): coordinates rounded, and a box the crop removes keeps one pixel at the
+    nearest edge instead of being dropped, so that every image keeps as many boxes as it has."""
     w, h = size
     r = _eval_resize(img_size)
     nw, nh = (r, int(r * h / w)) if w <= h else (int(r * w / h), r)   # Resize(int): shorter side -> r
     left, top = int(round((nw - img_size) / 2.0)), int(round((nh - img_size) / 2.0))
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) * np.array([nw / w, nh / h, nw / w, nh / h])
     b = np.clip(b - np.array([left, top, left, top]), 0, img_size)
+    if pixels:
+        b = np.round(b).astype(np.int64)
+        b[:, :2] = np.minimum(b[:, :2], img_size - 1)
+        b[:, 2:] = np.maximum(b[:, 2:], b[:, :2] + 1)
+        return b
     return b[(b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1])]
 
 def _at_least_one_bit(level_fn, level, hparams):

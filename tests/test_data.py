@@ -166,3 +166,17 @@ def test_eval_frame_boxes_follow_the_eval_crop():
     # an image already square at img_size: the identity; a box the crop removes: dropped
     np.testing.assert_array_equal(eval_frame_boxes([[3, 4, 60, 50]], (64, 64), 64), [[3, 4, 60, 50]])
     assert eval_frame_boxes([[0, 0, 20, 20]], (500, 375), 224).shape == (0, 4)
+
+
+def test_eval_frame_boxes_in_pixels_keep_every_box():
+    "pixels=True: integer boxes equal to the rounded float ones; a box the crop removes keeps one edge pixel."
+    from attnrepro.data import eval_frame_boxes
+    boxes = [[50, 100, 400, 300], [10, 20, 130, 375]]
+    f = eval_frame_boxes(boxes, (500, 375), 224)
+    p = eval_frame_boxes(boxes, (500, 375), 224, pixels=True)
+    assert p.dtype == np.int64 and np.array_equal(p, np.round(f).astype(np.int64))
+    # resize 375 -> 256 (x 0.6827), crop offsets (42, 16): [0, 0, 20, 20] lands at x -42..-28, y -16..-2, cut off
+    cut = eval_frame_boxes([[0, 0, 20, 20]], (500, 375), 224, pixels=True)
+    assert cut.tolist() == [[0, 0, 1, 1]]
+    wide = eval_frame_boxes([[0, 0, 500, 375]], (500, 375), 224, pixels=True)
+    assert wide.tolist() == [[0, 0, 224, 224]]
