@@ -19,14 +19,16 @@ from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, projec
                              term_grads)
 
 # %% auto #0
-__all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'FAR_POINTS', 'SHARED_COST_POINTS', 'NO_SPREAD',
-           'CLAIM_TEXTS', 'head_offsets', 'neighbourhood_matrices', 'generalized_conv_matrix_form', 'GeneralizedConv2d',
-           'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers', 'AgentCNN', 'describe_agent', 'hint_loss',
-           'intermediate_loss', 'mutual_kd', 'bootstrap_method', 'sam_method', 'EntmaxBisect', 'entmax_bisect',
-           'sparse_attention_', 'beats', 'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse',
-           'claim_vit_above_agent', 'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd',
-           'claim_decay_helps', 'claim_sequence_beats_avgpool', 'claim_reslike_beats_base',
-           'claim_gain_larger_when_scarce']
+__all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'FAR_POINTS',
+           'SHARED_COST_POINTS', 'NO_SPREAD', 'CLAIM_TEXTS', 'head_offsets', 'neighbourhood_matrices',
+           'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
+           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
+           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_', 'load_run_data', 'vit_spec',
+           'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval',
+           'visualize', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
+           'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
+           'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
+           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -502,6 +504,226 @@ def sparse_attention_(vit: VisionTransformer, alpha: float = 1.5, learnable: boo
         attn.entmax_n_iter = int(n_iter)
         attn.forward = types.MethodType(_entmax_attention_forward, attn)
     return vit
+
+# %% ../nbs/13_bootstrapping.ipynb #cb3f6e7e
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import timm
+from torch.utils.data import DataLoader
+
+from .attention import attention_maps, on_model_device
+from .data import DATASETS, class_balanced_subset, eval_transform, get_dataset, train_transform
+from .models import count_flops, create_student, teacher_names
+from .pretrain import get_teacher
+from .scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
+from .train import CKPT_NAME, TrainConfig, evaluate, fit
+
+CNN_TIMM = {"ResNet50": "resnet50", "EfficientNet-B2": "efficientnet_b2"}
+VIT_METHODS = ("ViT", "ViT-SAM", "ViT-Sparse", "Agent", "Joint", "Shared", "Pretrained")
+DEFAULT_LOSS = dict(adapt="sequence", hint_decay=True, layers=None)
+_SETS = ProcessCache()   # loaded once per process; a grid job (PaperRun.run_many) gets it empty and loads its own
+
+def _base_sets(name: str, val_split: str, img: int):
+    if (name, val_split, img) not in _SETS:
+        _SETS[name, val_split, img] = (get_dataset(name, "train", transform=train_transform("weak", img)),
+                                       get_dataset(name, val_split, transform=eval_transform(img)))
+    return _SETS[name, val_split, img]
+
+def load_run_data(d: Mapping):
+    "Train subset (class-balanced `fraction`), full val set, fixed curve subset and the number of classes of a data spec."
+    if d["name"] not in DATASETS:
+        raise ValueError(f"dataset {d['name']!r} is not in attnrepro.data (known: {sorted(DATASETS)}); register it there")
+    tr, va = _base_sets(d["name"], d["val_split"], d["img_size"])
+    sub = tr if d["fraction"] == 1.0 else class_balanced_subset(tr, fraction=d["fraction"], seed=0)
+    curve = class_balanced_subset(va, per_class=d["curve_per_class"], seed=0)
+    return sub, va, curve, len(tr.classes)
+
+def vit_spec(recipe: Mapping, size: str, patch: int | None = None) -> dict:
+    "create_student kwargs of the recipe's ViT `size` (Table 2) at its input size and `patch` (default: the recipe's)."
+    return dict(recipe["vits"][size], img_size=recipe["img_size"], patch_size=patch or recipe["patch_size"],
+                **recipe.get("vit_kwargs", {}))
+
+def make_agent(vit, agent: Mapping, shared: bool = False) -> AgentCNN:
+    "The agent of a run config; `stem_pool` concerns the res-like stem only (the base stem has no pooling)."
+    res_like = agent["arch"] == "res_like"
+    return AgentCNN(vit, agent["arch"], shared=shared, mid_channels=agent["mid_channels"],
+                    stem_pool=agent["stem_pool"] if res_like else True,
+                    stem_conv_stride=agent.get("stem_conv_stride", 2) if res_like else 2)
+
+def pretrained_vit(spec, num_classes: int, img_size: int) -> nn.Module:
+    "A pre-trained ViT (`get_teacher(spec)`) with a fresh `num_classes` head at `img_size`, in train mode."
+    m = get_teacher(spec)
+    m.reset_classifier(num_classes)
+    if tuple(m.patch_embed.img_size) != (img_size, img_size):
+        m.set_input_size(img_size=(img_size, img_size))  # bicubic resampling of the position embedding
+    return m.train()
+
+def teacher_status(spec) -> str | None:
+    "None if the pre-trained model can be loaded here, else why not."
+    if spec is None: return "none"
+    if isinstance(spec, str) and not spec.startswith("timm:") and spec not in teacher_names():
+        return (f"pending: teacher {spec!r} is not built yet (run `attnrepro reproduce --paper teachers "
+                f"--profile mini`)")
+    return None
+
+def viz_layers(depth: int) -> list[int]:
+    "1-based blocks shown in Tables 8-11: a third, two thirds and all of the depth (paper: 2, 4, 6 of 6)."
+    return sorted({max(1, round(depth * k / 3)) for k in (1, 2, 3)})
+
+def params_of(m: nn.Module, exclude: nn.Module | None = None) -> int:
+    "Parameters of `m`, those it shares with `exclude` (a shared agent's ViT weights) not counted."
+    skip = {id(p) for p in exclude.parameters()} if exclude is not None else set()
+    return sum(p.numel() for p in m.parameters() if id(p) not in skip)
+
+def run_config(recipe: Mapping, method: str, ds: str | None = None, size: str = "S", fraction: float | None = None,
+               epochs: int | None = None, seed: int | None = None, arch: str = "res_like", patch: int | None = None,
+               agent: Mapping | None = None, **loss) -> dict:
+    "The hashed configuration of one training run (same arguments -> same hash -> cached result reused)."
+    if method not in VIT_METHODS and method not in CNN_TIMM:
+        raise ValueError(f"run_config: unknown method {method!r}; valid: {VIT_METHODS + tuple(CNN_TIMM)}")
+    P, img = recipe, recipe["img_size"]
+    ds = ds or P.get("ablation_dataset", "c100")   # the dataset of Tables 4-5 and Fig. 5c (the paper's: CIFAR-100)
+    d = P["datasets"][ds]   # its own epochs / patch_size, when it has them, override the profile's
+    if epochs is None: epochs = d.get("epochs")
+    cnn = method in CNN_TIMM
+    train = dict(P["train_cnn" if cnn else "train"])
+    train["seed"] = P["seeds"][0] if seed is None else seed
+    if epochs is not None: train["epochs"] = epochs
+    data = dict(name=d["name"], val_split=d["val_split"], fraction=d["fraction"] if fraction is None else fraction,
+                img_size=img, curve_per_class=d["curve_per_class"])
+    cfg = dict(paper="bootstrapping_vit", method=method, data=data, train=train)
+    if cnn: cfg["model"] = dict(timm=CNN_TIMM[method])
+    elif method == "Pretrained": cfg["model"] = dict(teacher=P["pretrained"][size], img_size=img)
+    else: cfg["model"] = vit_spec(P, size, patch or d.get("patch_size"))
+    if method in ("Agent", "Joint", "Shared"): cfg["agent"] = dict(P["agent"], arch=arch, **(agent or {}))
+    elif agent: raise ValueError(f"run_config: agent options {agent} only apply to Agent/Joint/Shared, not {method!r}")
+    if method in ("Joint", "Shared"):
+        cfg["loss"] = dict(P["joint" if method == "Joint" else "shared"], **DEFAULT_LOSS)
+        unknown = set(loss) - set(cfg["loss"])
+        if unknown: raise ValueError(f"run_config: unknown loss options {sorted(unknown)}; valid: {sorted(cfg['loss'])}")
+        cfg["loss"].update(loss)
+    elif loss:
+        raise ValueError(f"run_config: loss options {sorted(loss)} only apply to Joint/Shared, not {method!r}")
+    if method == "ViT-SAM": cfg["sam"] = dict(P["sam"])
+    if method == "ViT-Sparse": cfg["sparse"] = dict(P["sparse"])
+    main = (ds == P["viz"]["dataset"] and data["fraction"] == d["fraction"]
+            and train["epochs"] == d.get("epochs", P["train"]["epochs"])
+            and size == "S" and train["seed"] == P["seeds"][0] and arch == "res_like" and not loss and patch is None
+            and not agent)
+    if main and method in ("ViT", "Agent", "Joint"):
+        cfg["viz"] = dict(images=list(P["viz"]["images"]))
+    return cfg
+
+def curve_eval(agent):
+    "fit's per-epoch evaluation: the ViT's top-1 and, when training jointly, the agent's."
+    def fn(model, loader, device):
+        out = {"acc1": evaluate(model, loader, device)["acc1"]}
+        if agent is not None: out["agent_acc1"] = evaluate(agent, loader, device)["acc1"]
+        return out
+    return fn
+
+def _round(t: torch.Tensor, nd: int = 4) -> list:
+    return np.round(t.detach().float().cpu().numpy(), nd).tolist()
+
+@torch.no_grad()
+def visualize(vit, agent, va, images: list[int]) -> dict:
+    "Head-averaged attention maps and per-position feature norms of blocks `viz_layers` on two val images."
+    x = torch.stack([va[i][0] for i in images])
+    x = on_model_device(vit if vit is not None else agent, x)   # `fit` leaves the models on the GPU
+    out = dict(images=images, labels=[int(va[i][1]) for i in images])
+    if vit is not None:
+        vit.eval()
+        L = viz_layers(len(vit.blocks))
+        maps = attention_maps(vit, x, layers=[l - 1 for l in L])
+        feats = intermediate_features(vit, x, [f"blocks.{l - 1}" for l in L])
+        gh, gw = vit.patch_embed.grid_size
+        pre = vit.num_prefix_tokens
+        out.update(layers=L, attn=[_round(m.mean(1)) for m in maps],
+                   vit_feat=[_round(f[:, pre:].norm(dim=-1).reshape(-1, gh, gw)) for f in feats.values()])
+    if agent is not None:
+        agent.eval()
+        L = viz_layers(agent.depth)
+        _, fs = agent.forward_with_features(x)
+        out.update(layers=L, agent_feat=[_round(fs[l - 1].norm(dim=1)) for l in L])
+    return out
+
+def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
+    "Train one run config of the bootstrapping_vit notebook (`recipe`: its profile); a small JSON-able result."
+    torch.manual_seed(config["train"]["seed"])
+    tr, va, curve, n_cls = load_run_data(config["data"])
+    img = recipe["img_size"]
+    method, agent, vit, model = config["method"], None, None, None
+    if method in CNN_TIMM:
+        model = timm.create_model(config["model"]["timm"], num_classes=n_cls)
+    elif method == "Pretrained":
+        model = vit = pretrained_vit(config["model"]["teacher"], n_cls, img)
+    else:
+        vit = create_student("vit", num_classes=n_cls, **config["model"])
+        model = vit
+        if method == "Agent":
+            model, vit = make_agent(vit, config["agent"]), None
+        elif method == "ViT-Sparse":
+            sparse_attention_(vit, **config["sparse"])
+        elif method in ("Joint", "Shared"):
+            agent = make_agent(vit, config["agent"], shared=method == "Shared")
+    cfg = TrainConfig(**config["train"])
+    L = config.get("loss")
+    m = (sam_method(**config["sam"]) if method == "ViT-SAM" else
+         bootstrap_method(vit, agent, cfg.epochs, **{k: v for k, v in L.items()}) if agent is not None else None)
+    res = fit(model, tr, curve, cfg, m, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress")),
+              evaluate_fn=curve_eval(agent))
+    # a dry run's numbers are meaningless and fit already timed the evaluation: score a few images, not the val set
+    ev = torch.utils.data.Subset(va, range(min(len(va), 2 * dry_run_cpu_batch()))) if dry_run_steps() else va
+    loader = DataLoader(ev, batch_size=recipe["eval_batch"], shuffle=False)
+    fin = evaluate(model, loader)
+    out = dict(top1=fin["acc1"], top5=fin["acc5"], n_train=len(tr), n_val=fin["n"], epochs=res["epochs"],
+               steps=res["steps"], wall_time_s=res["wall_time_s"], params=params_of(model),
+               flops=count_flops(model, img),
+               curve=[dict(epoch=h["epoch"] + 1, vit=h.get("val_acc1"), agent=h.get("val_agent_acc1")) for h in res["history"]],
+               final_losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")})
+    if agent is not None:
+        out.update(agent_top1=evaluate(agent, loader)["acc1"], agent_params=params_of(agent, exclude=vit),
+                   agent_flops=count_flops(agent, img))
+        if "align_conflict_frac" in res["history"][-1]:
+            out["align_conflict_frac"] = [h["align_conflict_frac"] for h in res["history"]]
+    if method == "ViT-Sparse":
+        out["entmax_alpha"] = [round(float(b.attn.entmax_alpha), 4) for b in vit.blocks]
+    if config.get("viz"):
+        out["viz"] = visualize(vit if method != "Agent" else None, agent if method != "Agent" else model, va,
+                               config["viz"]["images"])
+    if not recipe.get("keep_checkpoints", True):  # smoke: ResNet-50/EfficientNet-B2 checkpoints would take ~0.9 GB
+        (Path(ckpt_dir) / CKPT_NAME).unlink(missing_ok=True)
+    return out
+
+def agent_stages(rows: list[dict]) -> list[dict]:
+    "describe_agent rows grouped as the paper's Tables 6-7: input_projection, blocks[_i], downsample_i, head."
+    stem = [r for r in rows if r["layer"] == "Input Projection"]
+    out = [dict(stage="input_projection", spec="; ".join(r["operator"] for r in stem), repeats=1,
+                output=str(stem[-1]["output_shape"]))]
+    body = [r for r in rows if r["layer"].startswith("Block") or r["layer"] == "Down-sampling"]
+    groups, cur = [], []
+    for r in body:
+        if r["layer"] == "Down-sampling":
+            groups.append(("blocks", cur)); groups.append(("down", [r])); cur = []
+        else: cur.append(r)
+    if cur: groups.append(("blocks", cur))
+    n_down = sum(g == "down" for g, _ in groups)
+    bi = di = 0
+    for kind, rs in groups:
+        if kind == "blocks":
+            bi += 1
+            ops = {r["operator"] for r in rs}
+            if len(ops) != 1: raise ValueError(f"agent_stages: one stage mixes operators {sorted(ops)}")
+            out.append(dict(stage="blocks" if n_down == 0 else f"blocks_{bi}", spec=rs[0]["operator"].replace(" | ", "; "),
+                            repeats=len(rs), output=str(rs[-1]["output_shape"])))
+        else:
+            di += 1
+            out.append(dict(stage=f"downsample_{di}", spec="Down-sampling", repeats=1, output=str(rs[0]["output_shape"])))
+    head = [r for r in rows if r["layer"] == "Head"][0]
+    out.append(dict(stage="head", spec=head["operator"], repeats=1, output=str(head["output_shape"])))
+    return out
 
 # %% ../nbs/13_bootstrapping.ipynb #c3081da2
 from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, untestable
