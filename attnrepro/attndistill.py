@@ -19,13 +19,14 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS', 'clamp_renorm', 'aggregate_heads',
-           'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss', 'projector_dims', 'Projector',
-           'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets',
-           'attndistill_method', 'projector_layer_features', 'HitArm', 'hit_arm', 'compare',
-           'claim_gain_over_feature_regression', 'claim_gain_across_shapes', 'claim_kl_beats_alternatives',
-           'claim_projector_design', 'table10_rows', 'attndistill_claims', 'reported_getter', 'reported_claims',
-           'loss_shares']
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS',
+           'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss',
+           'projector_dims', 'Projector', 'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs',
+           'teacher_targets', 'attndistill_method', 'projector_layer_features', 'run_datasets', 'teacher_here',
+           'run_teacher', 'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run', 'variants',
+           'variant_config', 'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression',
+           'claim_gain_across_shapes', 'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows',
+           'attndistill_claims', 'reported_getter', 'reported_claims', 'loss_shares']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -318,6 +319,170 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
         if projector is not None: projector.train(was[1])
     if feats is None: raise ValueError("projector_layer_features: the loader yielded no batches")
     return [torch.cat(f) for f in feats], torch.cat(labels)
+
+# %% ../nbs/16_attndistill.ipynb #114ddfe2
+import json, os, time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from .attention import attention_maps
+from .data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset
+from .evaluate import knn_accuracy, linear_probe
+from .models import create_student, teacher_names
+from .pretrain import cls_features, get_teacher, mae_transform
+from .scale import ProcessCache, dry_run_steps
+from .train import TrainConfig, fit
+from .verdicts import pack_correct
+
+_RUN_CACHE = ProcessCache()   # data and teacher, built once per process (a grid job builds its own)
+
+def run_datasets(data: Mapping, img_size: int):
+    """(distillation set with MAE's augmentation, the same images with the eval transform, val set) of a data spec
+    {train, train_per_class, val, val_split}; a dry run keeps 40 images of the two evaluation sets."""
+    key = ("data", json.dumps(dict(data), sort_keys=True), img_size)
+    if key not in _RUN_CACHE:
+        sub = lambda ds: class_balanced_subset(ds, per_class=data["train_per_class"], seed=0) if data["train_per_class"] else ds
+        train_aug = sub(get_dataset(data["train"], "train", transform=mae_transform(img_size)))
+        train_eval = sub(get_dataset(data["train"], "train", transform=eval_transform(img_size)))
+        val_eval = get_dataset(data["val"], data["val_split"], transform=eval_transform(img_size))
+        if dry_run_steps():   # a dry run costs training; the k-NN / probe (not costed) see 40 images each
+            train_eval, val_eval = (LabelledSubset(d, range(min(len(d), 40))) for d in (train_eval, val_eval))
+        _RUN_CACHE[key] = train_aug, train_eval, val_eval
+    return _RUN_CACHE[key]
+
+def teacher_here(spec) -> bool:
+    "Whether `get_teacher(spec)` can find the teacher: a saved name, a hub name, a file, a URL to fetch it from."
+    if not isinstance(spec, str): return True   # tiny_teacher kwargs: made on the spot
+    return (spec in teacher_names() or spec.startswith("timm:") or Path(spec).expanduser().is_file()
+            or bool(os.environ.get("ATTNREPRO_TEACHER_URL")))
+
+def run_teacher(spec, img_size: int, teacher_arch: Mapping | None = None) -> nn.Module:
+    """The frozen float teacher of `spec` (once per process); `teacher_arch` (the paper profile's) must match it. A dry
+    run without the teacher gets random weights of `teacher_arch`, saying so."""
+    key = ("teacher", json.dumps(spec, sort_keys=True), img_size)
+    if key not in _RUN_CACHE:
+        if dry_run_steps() and teacher_arch and not teacher_here(spec):
+            print(f"[dry run] teacher {spec!r} is not here: random weights of its architecture {dict(teacher_arch)}")
+            t = create_student("vit", img_size=img_size, num_classes=0, **teacher_arch)
+        else:
+            t = get_teacher(spec)
+        t = t.float().eval()
+        if teacher_arch:   # the student shapes of Table 10 are set relative to this teacher: another one is another study
+            d = describe_model(t)
+            want = {k: teacher_arch[a] for k, a in (("embed_dim", "embed_dim"), ("depth", "depth"), ("heads", "num_heads"),
+                                                    ("patch", "patch_size"))}
+            if {k: d[k] for k in want} != want:
+                raise ValueError(f"teacher {spec!r} is {d}; the profile's teacher_arch wants {want}")
+        _RUN_CACHE[key] = t
+    return _RUN_CACHE[key]
+
+def figure_images(val_eval) -> list[int]:
+    """Three fixed val images for Figures 9-11 (the paper's: a basset, a border collie, a steam locomotive; Tiny-ImageNet
+    has none of these classes, so the first val image of three dog/vehicle classes if present, else classes spread
+    over the list)."""
+    idx = []
+    for w in ["retriever", "German shepherd", "school bus"]:
+        cls = [i for i, c in enumerate(val_eval.classes) if w.lower() in c.lower()]
+        if cls:
+            idx.append(int(np.flatnonzero(np.asarray(val_eval.targets) == cls[0])[0]))
+    present = np.unique(val_eval.targets)   # every class, except in a dry run's few images
+    for c in present[np.linspace(0, len(present) - 1, 3).round().astype(int)]:
+        i = int(np.flatnonzero(np.asarray(val_eval.targets) == c)[0])
+        if len(idx) < 3 and i not in idx: idx.append(i)
+    return idx
+
+def probe_lr(eval_spec: Mapping) -> float:
+    "Table 9's base lr as MAE's (lr = base x batch / 256) where the recipe says so; else the lr as given."
+    E = eval_spec
+    return E["probe_lr"] * E["probe_batch"] / E["probe_lr_scale_batch"] if E.get("probe_lr_scale_batch") else E["probe_lr"]
+
+def quality(train_f, val_f, ytr, yva, eval_spec: Mapping, n_cls: int, seed: int = 0) -> dict:
+    """k-NN top-1/top-5 for every k of `eval_spec` (up to the bank size) and linear-probe top-1/top-5 of precomputed
+    features, with the per-image top-1 hits (`*_correct`, packed) for paired comparisons of two students."""
+    E = eval_spec
+    ks = [k for k in E["ks"] if k <= len(train_f)]
+    knn = knn_accuracy(train_f, ytr, val_f, yva, k=ks, T=0.07, num_classes=n_cls, return_correct=True)
+    lin = linear_probe(train_f, ytr, val_f, yva, epochs=E["probe_epochs"], lr=probe_lr(E), batch_size=E["probe_batch"],
+                       seed=seed, num_classes=n_cls, return_correct=True, optimizer=E.get("probe_optimizer", "sgd"),
+                       warmup_epochs=E.get("probe_warmup_epochs", 0))
+    out = {f"knn{k}_top1": v["top1"] for k, v in knn.items()}
+    out.update({f"knn{k}_top5": v["top5"] for k, v in knn.items() if "top5" in v})
+    out.update(lp_top1=lin["top1"], lp_top5=lin.get("top5"))
+    out.update({f"knn{k}_correct": pack_correct(v["correct"]) for k, v in knn.items()},
+               lp_correct=pack_correct(lin["correct"]))
+    return out
+
+def _last_cls_maps(model: nn.Module, val_eval, fig_idx) -> list:
+    x = torch.stack([val_eval[i][0] for i in fig_idx])
+    with torch.no_grad():
+        return np.round(attention_maps(model, x, [-1], cls_only=True)[0].cpu().numpy(), 6).tolist()
+
+def teacher_quality_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
+    "The teacher's k-NN / probe quality on the run data and its last-block CLS maps of the figure images."
+    t0 = time.time()
+    train_aug, train_eval, val_eval = run_datasets(config["data"], recipe["img_size"])
+    teacher = run_teacher(config["teacher"], recipe["img_size"], recipe.get("teacher_arch"))
+    ftr, ytr = cls_features(teacher, train_eval)
+    fva, yva = cls_features(teacher, val_eval)
+    q = quality(ftr, fva, ytr, yva, config["eval"], len(val_eval.classes))
+    return dict(q, fig_maps=_last_cls_maps(teacher, val_eval, config["fig_idx"]), wall_s=time.time() - t0)
+
+def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = False) -> dict:
+    "Train one student with AttnDistill options from the config's teacher, then evaluate it (k-NN, probe) per projector layer."
+    img = config["img_size"]
+    train_aug, train_eval, val_eval = run_datasets(config["data"], img)
+    teacher = run_teacher(config["teacher"], img, recipe.get("teacher_arch"))
+    torch.manual_seed(config["seed"])
+    student = create_student("vit", img_size=img, num_classes=0, **config["student"])
+    method = attndistill_method(teacher, student, compress_queue=recipe["compress_queue"], **config["method"])
+    cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": config["seed"]})
+    res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
+    t0 = time.time()
+    proj = method.extra_modules["projector"]
+    ftr, ytr = projector_layer_features(student, proj, DataLoader(train_eval, batch_size=256))
+    fva, yva = projector_layer_features(student, proj, DataLoader(val_eval, batch_size=256))
+    layers = range(len(ftr)) if config["all_layers"] else [0]
+    n_cls = len(val_eval.classes)
+    ev = {str(j): quality(ftr[j], fva[j], ytr, yva, config["eval"], n_cls, seed=config["seed"]) for j in layers}
+    losses = {k: [round(r[k], 6) for r in res["history"]] for k in res["history"][0] if k.startswith("loss")}
+    return dict(eval=ev, losses=losses, steps=res["steps"], train_s=res["wall_time_s"], eval_s=time.time() - t0,
+                n_params=res["n_params"], n_params_extra=res["n_params_extra"], grid=describe_model(student)["grid"],
+                fig_maps=_last_cls_maps(student, val_eval, config["fig_idx"]))
+
+BASE_OPTS = dict(proj_layers=4, feature_weight=1.0, attn_weight=0.0, T=10.0, aggregate="auto", attn_layers="last",
+                 attn_loss="kl", value_weight=False, patch_align_weight=0.0, compress_weight=0.0)
+AD_OPTS = dict(attn_weight=0.1)
+
+def variants(recipe: Mapping) -> dict:
+    "Every run the notebook's tables and figures use: name -> (student shape, method options, evaluate every projector layer?)."
+    AD = AD_OPTS
+    return {"base_pa": ("base", {}, True), "base_ad": ("base", AD, False),
+            "base_ad_aggr": ("base", dict(AD, aggregate="logsum"), False),
+            "heads_pa": ("heads", {}, False), "heads_ad": ("heads", AD, False),
+            "patch_pa": ("patch", {}, False), "patch_ad": ("patch", AD, False),
+            "patch28_pa": ("patch28", {}, False), "patch28_ad": ("patch28", AD, False),   # paper profile only (224 px)
+            "depth_pa": ("depth", {}, False), "depth_ad": ("depth", AD, False),
+            "combo_pa": ("combo", {}, False), "combo_ad": ("combo", AD, False),
+            "combo_max": ("combo", dict(AD, aggregate="max"), False), "combo_mean": ("combo", dict(AD, aggregate="mean"), False),
+            "combo_min": ("combo", dict(AD, aggregate="min"), False),
+            "combo_value": ("combo", dict(AD, value_weight=True), False), "combo_mse": ("combo", dict(AD, attn_loss="mse"), False),
+            "compress_pa": ("base", dict(compress_weight=1.0), False),
+            "compress_only": ("base", dict(feature_weight=0.0, compress_weight=1.0), False),
+            "patchalign_pa": ("base", dict(patch_align_weight=1.0), False),
+            "base_ad_all": ("base", dict(AD, attn_layers="all"), False),
+            **{f"proj{n}_pa": ("base", dict(proj_layers=n), True) for n in recipe["proj_layers"] if n != 4},
+            **{f"base_ad_lam{l:g}": ("base", dict(attn_weight=l), False) for l in recipe["lambdas"] if l != 0.1},
+            **{f"heads_ad_T{t:g}": ("heads", dict(AD, T=t), False) for t in recipe["temperatures"] if t != 10.0}}
+
+def variant_config(recipe: Mapping, name: str, schedule: str = "short", seed: int = 0, fig_idx: Sequence[int] = ()) -> dict:
+    "A `variants` run's config: the recipe `recipe[schedule]['train']` enters it, the schedule's name does not."
+    shape, opts, all_layers = variants(recipe)[name]
+    return dict(kind="attndistill", teacher=recipe["teacher"], img_size=recipe["img_size"], data=recipe["data"],
+                student=recipe["students"][shape], method={**BASE_OPTS, **opts}, train=recipe[schedule]["train"],
+                eval=recipe["eval"], seed=seed, all_layers=all_layers, fig_idx=list(fig_idx))
 
 # %% ../nbs/16_attndistill.ipynb #ea8066c6
 from dataclasses import dataclass
