@@ -24,14 +24,16 @@ from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled
 
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
-           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy', 'set_drop_path',
-           'target_from_source', 'gta_taps', 'gta_features', 'TapTerm', 'guidance_loss', 'guidance_term',
-           'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box', 'patch_box_mask',
-           'transmix_lambda', 'mixed_targets', 'TransferMethod', 'term_grad_norms', 'grad_norm_summary',
-           'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup', 'finetune_transform',
-           'best_coef', 'tie_text', 'heldout_split', 'seed_spread', 'seeds_arm', 'rate_label',
-           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
-           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
+           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'GRAD_NORM_LOGS', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy',
+           'set_drop_path', 'target_from_source', 'gta_taps', 'gta_features', 'TapTerm', 'guidance_loss',
+           'guidance_term', 'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box',
+           'patch_box_mask', 'transmix_lambda', 'mixed_targets', 'TransferMethod', 'term_grad_norms',
+           'grad_norm_summary', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup',
+           'finetune_transform', 'best_coef', 'tie_text', 'heldout_split', 'load_source', 'target_dataset', 'steps_for',
+           'target_domain', 'box_target', 'framed_boxes', 'run_config', 'attention_outputs', 'finetune_run',
+           'pretrained_attention_run', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
+           'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
+           'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -544,6 +546,130 @@ def heldout_split(dataset, fraction: float = 0.2, seed: int = 0, eval_dataset=No
     return LabelledSubset(dataset, sorted(fit)), LabelledSubset(eval_dataset if eval_dataset is not None else dataset,
                                                                 sorted(held))
 
+
+# %% ../nbs/15_gta.ipynb #813f976e
+import json
+
+from .core import seed_everything
+from .data import class_balanced_subset, eval_frame_boxes, eval_transform, get_dataset
+from .pretrain import get_teacher
+from .scale import ProcessCache
+from .train import TrainConfig, evaluate, fit
+
+_SOURCES, _FRAMED = ProcessCache(), ProcessCache()   # once per process; a grid job gets them empty and loads its own
+GRAD_NORM_LOGS = 8   # gradient norms of every term logged on ~8 steps per run (one extra backward per term there)
+
+def load_source(spec) -> nn.Module:
+    "The frozen pre-trained source `spec` (a teacher name, or tiny-teacher kwargs at smoke), loaded once per process."
+    key = str(spec)
+    if key not in _SOURCES:
+        _SOURCES[key] = frozen_copy(get_teacher(spec))
+    return _SOURCES[key]
+
+def target_dataset(spec: Mapping, which: str, transform):
+    "Target dataset of a spec {name, train, test, classes, per_class_<which>}, split role `which` ('train' | 'test')."
+    ds = get_dataset(spec["name"], spec[which], transform=transform)
+    if spec.get("classes"):
+        ds = ClassGroup(ds, spec["classes"])
+    cap = spec.get(f"per_class_{which}")
+    return class_balanced_subset(ds, per_class=cap, seed=0) if cap else ds
+
+def steps_for(recipe: Mapping, dset: str, rate: float) -> int:
+    "Optimizer steps on target `dset` at sampling `rate`: the dataset's own `steps` (int or rate -> steps), else train.steps."
+    steps = recipe["datasets"][dset].get("steps", recipe["train"]["steps"])
+    if isinstance(steps, dict):
+        if rate not in steps:
+            raise KeyError(f"datasets.{dset}.steps in papers/gta/profiles.yaml has no entry for rate {rate:g} "
+                           f"(it has {sorted(steps)}): add one, or give one int for every rate")
+        steps = steps[rate]
+    return int(steps)
+
+def target_domain(recipe: Mapping, d: str) -> str:
+    "A target's domain: its spec's `domain` ('near' | 'out'), else its key (the smoke and mini keys are their domains)."
+    return recipe["datasets"][d].get("domain", d)
+
+def box_target(recipe: Mapping) -> str:
+    "The target of Table 4 and Figures 1 and 3: the recipe's first near-domain one."
+    d = next((d for d in recipe["datasets"] if target_domain(recipe, d) == "near"), None)
+    if d is None:
+        raise ValueError("papers/gta/profiles.yaml: no near-domain target (a dataset keyed 'near' or with `domain: near`) "
+                         "for Table 4 and Figures 1 and 3; add one")
+    return d
+
+def framed_boxes(spec: Mapping, img_size: int) -> list | None:
+    "The boxes of target `spec`'s test images in the frame the model sees (eval_transform's resize and crop); None without boxes."
+    key = (json.dumps(dict(spec), sort_keys=True), img_size)
+    if key not in _FRAMED:
+        raw = target_dataset(spec, "test", None)   # PIL images at their own size: the boxes' frame
+        _FRAMED[key] = (None if getattr(raw, "boxes", None) is None else
+                        [eval_frame_boxes(b, raw[i][0].size, img_size) for i, b in enumerate(raw.boxes)])
+    return _FRAMED[key]
+
+def run_config(recipe: Mapping, method: str, dset: str, rate: float, seed: int, coef=None, source: str = "ssl") -> dict:
+    "The config of one fine-tuning run of the recipe."
+    P = recipe
+    # `heldout` only when the profile sets it, the resolved steps in `train` and not in the dataset spec: the configs
+    # (and cache keys) of runs made before either existed stay the same
+    spec = {k: v for k, v in P["datasets"][dset].items() if k != "steps"}
+    return dict(method=method, coef=coef, source_kind=source, source=P["sources"][source], dataset_key=dset,
+                dataset=spec, rate=rate, seed=seed, train={**P["train"], "steps": steps_for(P, dset, rate)},
+                img_size=P["img_size"], keep_mass=P["keep_mass"],
+                figure_images=P["figure_images"] if dset == box_target(P) else 0,
+                **({"heldout": P["heldout"]} if P.get("heldout") else {}))
+
+def attention_outputs(model: nn.Module, test, config: Mapping) -> dict:
+    "Jaccard of the attention masks with the box masks (a target with boxes), and small maps of the first images (Fig. 1)."
+    boxes = framed_boxes(config["dataset"], config["img_size"]) if getattr(test, "boxes", None) is not None else None
+    out = {} if boxes is None else attention_jaccard(model.eval(), test, keep_mass=config["keep_mass"], boxes=boxes)
+    n = config["figure_images"]
+    if n:
+        x = torch.stack([test[i][0] for i in range(n)])
+        out["maps"] = cls_attention(model, x).round(decimals=5).tolist()
+    return out
+
+def finetune_run(config: Mapping, ckpt_dir) -> dict:
+    "Fine-tune a target from the source with `config['method']`; test top-1, plus mask Jaccard / maps on a target with boxes."
+    t, img = config["train"], config["img_size"]
+    seed_everything(config["seed"])
+    src = load_source(config["source"])
+    train = class_balanced_subset(target_dataset(config["dataset"], "train", finetune_transform(img, t["randaugment"])),
+                                  fraction=config["rate"], seed=config["seed"])
+    held = None
+    if config.get("heldout"):   # fit on the rest, select coefficients on a class-balanced held-out part (eval transform)
+        same = class_balanced_subset(target_dataset(config["dataset"], "train", eval_transform(img)),
+                                     fraction=config["rate"], seed=config["seed"])
+        train, held = heldout_split(train, config["heldout"], seed=config["seed"], eval_dataset=same)
+    test = target_dataset(config["dataset"], "test", eval_transform(img))
+    torch.manual_seed(config["seed"])
+    tgt = target_from_source(src, len(train.classes), drop_path_rate=t["drop_path"])
+    meth = transfer_method(config["method"], tgt, src, config["coef"], center=config.get("center", False),
+                           grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
+    steps_per_epoch = len(train) // t["batch_size"]
+    if steps_per_epoch < 1:
+        raise ValueError(f"{len(train)} training images give no batch of {t['batch_size']}; lower train.batch_size")
+    epochs = math.ceil(t["steps"] / steps_per_epoch)   # the paper fixes iterations, not epochs
+    cfg = TrainConfig(**{**dict(epochs=epochs, batch_size=t["batch_size"], lr=t["lr"], min_lr=t.get("min_lr", 0.0),
+                                warmup_epochs=t.get("warmup_epochs", 0),
+                                weight_decay=t["weight_decay"], seed=config["seed"], eval_every=epochs),
+                         **meth.train_overrides})
+    # per-image test hits kept (pack_correct): two arms scored on one test set compare paired (verdicts.paired_difference)
+    res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=ckpt_dir, progress=False, record_correct=True)
+    out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=len(test), epochs=epochs, steps=res["steps"],
+               train_time_s=round(res["wall_time_s"], 2), correct=res["final"]["correct"],
+               losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")},
+               # per logged step: the norm of each weighted term's gradient (all trainable / backbone without the head)
+               grad_norms=[{k: (v if k == "step" else float(f"{v:.4g}")) for k, v in r.items()}
+                           for r in meth.state.get("grad_norms", [])])
+    if held is not None:
+        out.update(heldout_acc1=evaluate(tgt, torch.utils.data.DataLoader(held, batch_size=t["batch_size"]))["acc1"],
+                   n_heldout=len(held))
+    out.update(attention_outputs(tgt, test, config))
+    return out
+
+def pretrained_attention_run(config: Mapping, ckpt_dir=None) -> dict:
+    "The source itself (no fine-tuning): Table 4's 'pre-trained' row and Figure 1's first column."
+    return attention_outputs(load_source(config["source"]),
+                             target_dataset(config["dataset"], "test", eval_transform(config["img_size"])), config)
 
 # %% ../nbs/15_gta.ipynb #c1a1e5x1
 NO_SPREAD = "one seed and no measured seed spread in this regime"
