@@ -547,7 +547,7 @@ def heldout_split(dataset, fraction: float = 0.2, seed: int = 0, eval_dataset=No
                                                                 sorted(held))
 
 
-# %% ../nbs/15_gta.ipynb #813f976e
+# %% ../nbs/15_gta.ipynb #26a55dbf
 import json
 
 from .core import seed_everything

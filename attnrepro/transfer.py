@@ -29,9 +29,9 @@ __all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', '
            'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod',
            'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
            'ensemble_top1', 'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts',
-           'model_info_counts', 'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
-           'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
-           'claim_aggregation_hurts_most']
+           'model_info_counts', 'TransferRuns', 'claim_copy_closes_gap', 'claim_distill_matches_finetune',
+           'claim_q_beats_k_v', 'claim_more_and_later_layers', 'claim_features_dissimilar',
+           'claim_ensemble_beats_finetune', 'claim_aggregation_hurts_most']
 
 # %% ../nbs/14_transfer.ipynb #42625cbf
 def first_layers(k: int, depth: int) -> list[int]:
@@ -446,6 +446,147 @@ def model_info_counts(model: nn.Module) -> dict[str, int]:
     m = _vit(model, "model_info_counts")
     a = m.blocks[0].attn
     return attention_info_counts(len(m.blocks), a.num_heads, m.patch_embed.num_patches + m.num_prefix_tokens, a.head_dim)
+
+# %% ../nbs/14_transfer.ipynb #aa6b2ab5
+import json
+from collections.abc import Mapping
+
+from .core import config_hash
+from .data import class_balanced_subset, eval_transform, get_dataset, train_transform
+from .pretrain import get_teacher
+from .scale import ProcessCache
+from .train import CKPT_NAME, TrainConfig, fit, load_checkpoint
+
+class TransferRuns:
+    "The attention_transfer notebook's runs of `recipe` (its profile), cached through `pr` (its `PaperRun`)."
+    def __init__(self, recipe: Mapping, pr):
+        self.P, self.pr = recipe, pr
+        self.shape, self.main = dict(recipe["shape"]), recipe["main"]
+        self.depth, self.k_dist = recipe["shape"]["depth"], recipe["distill"]["layers"]
+        self.method_recipes = recipe.get("method_recipes", {})   # paper profile: each method its own recipe
+        self._cache = ProcessCache()   # teachers and datasets; a grid job gets it empty and loads its own
+
+    def recipe_key(self, method: str, schedule: str, layers=None) -> str:
+        "The recipe a row trains with: the profile's own recipe for the method (partial-layer copies apart), else `schedule`."
+        key = "partial_copy" if method == "copy" and layers is not None and "partial_copy" in self.method_recipes else method
+        return self.method_recipes.get(key, schedule)
+
+    def teacher_ref(self, name):
+        "A config-able reference to a teacher: a profile teacher key, 'none' (random ViT) or ('ft', seed) (fine-tuned)."
+        if name is None: return None
+        if name == "none": return {"random": 1000}
+        if isinstance(name, tuple) and name[0] == "ft":
+            return {"trained": self.spec("finetune", seed=name[1])}
+        if name not in self.P["teachers"]:
+            raise ValueError(f"unknown teacher {name!r}; the profile has {sorted(self.P['teachers'])}, 'none', ('ft', seed)")
+        return {"pretrained": self.P["teachers"][name]}
+
+    def spec(self, method, teacher=None, init=None, data=None, schedule=None, seed=0, layers=None, heads=None,
+             source="maps", aggregate=None, weight=None, record_correct=True) -> dict:
+        "A row's run config; teacher, data and schedule default to the profile's `main`."
+        P = self.P
+        teacher = None if method == "scratch" else (teacher or self.main["teacher_key"])
+        if method in ("distill", "q_distill") and layers is None: layers = first_layers(self.k_dist, self.depth)
+        if weight is None: weight = P["distill"]["weight"] if method == "distill" else 1.0
+        data, schedule = data or self.main["data"], self.recipe_key(method, schedule or self.main["schedule"], layers)
+        cfg = dict(kind="train", method=method, teacher=self.teacher_ref(teacher), init=self.teacher_ref(init),
+                   data=P["data"][data], schedule_name=schedule, schedule=P["recipes"][schedule], shape=self.shape,
+                   seed=seed, layers=layers, heads=heads, source=source, aggregate=aggregate, weight=weight)
+        # per-image hits (paired comparisons) change the result, so they are in the config (key absent when off)
+        if record_correct: cfg["record_correct"] = True
+        return cfg
+
+    def get_model(self, ref):
+        "The frozen model a reference names (loaded, made or trained once per process)."
+        if ref is None: return None
+        key = json.dumps(ref, sort_keys=True)
+        if key not in self._cache:
+            if "pretrained" in ref: m = get_teacher(ref["pretrained"])
+            elif "random" in ref: m = random_teacher(self.shape, ref["random"])
+            else: m = self.trained_model(ref["trained"])
+            self._cache[key] = m.eval().requires_grad_(False)
+        return self._cache[key]
+
+    def datasets(self, d: Mapping, augment: str | None = None, val: str = "val"):
+        "(train set with `augment`, or None without one; val set) of a data spec; `val`: 'val' (all) or 'val_small'."
+        key = (json.dumps(d, sort_keys=True), augment, val)
+        if key not in self._cache:
+            img = self.shape["img_size"]
+            tr = None
+            if augment:
+                tr = get_dataset(d["name"], d["train_split"], transform=train_transform(augment, img))
+                if d.get("per_class"): tr = class_balanced_subset(tr, per_class=d["per_class"], seed=0)
+            va = get_dataset(d["name"], d["val_split"], transform=eval_transform(img))
+            pc = d.get("val_per_class") if val == "val_small" else None
+            if pc: va = class_balanced_subset(va, per_class=pc, seed=0)
+            self._cache[key] = (tr, va)
+        return self._cache[key]
+
+    @staticmethod
+    def num_classes(d: Mapping) -> int:
+        return len(get_dataset(d["name"], d["train_split"]).classes)
+
+    def build(self, cfg: Mapping):
+        "(model, method) of a config, as `build_transfer` makes them."
+        return build_transfer(cfg["method"], self.get_model(cfg["teacher"]), self.num_classes(cfg["data"]),
+                              shape=cfg["shape"], init=self.get_model(cfg["init"]), layers=cfg["layers"],
+                              heads=cfg["heads"], source=cfg["source"], aggregate=cfg["aggregate"], weight=cfg["weight"],
+                              drop_path_rate=cfg["schedule"].get("drop_path_rate", 0.0), seed=cfg["seed"])
+
+    def train(self, cfg: Mapping, ckpt_dir) -> dict:
+        "Train a config: top-1/5, per-epoch loss, last loss terms, wall time, trainable parameters (and per-image hits)."
+        s = cfg["schedule"]
+        model, method = self.build(cfg)
+        tr, va = self.datasets(cfg["data"], s["augment"], s["val"])
+        hits = bool(cfg.get("record_correct"))
+        # layer_decay null / 1: none (and the config hash as before)
+        ld = {"layer_decay": s["layer_decay"]} if s.get("layer_decay") not in (None, 1, 1.0) else {}
+        res = fit(model, tr, va, TrainConfig(**s["train"], seed=cfg["seed"], **ld), method, ckpt_dir=ckpt_dir,
+                  progress=False, record_correct=hits)
+        h = res["history"]
+        out = dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"], n_val=res["final"]["n"], steps=res["steps"],
+                   train_loss=[r["loss"] for r in h], terms={k: h[-1][k] for k in h[-1] if k.startswith("loss_")},
+                   wall_time_s=res["wall_time_s"], n_params_trainable=res["n_params_trainable"])
+        if hits: out["correct"] = res["final"]["correct"]   # per-image top-1 hits on the val set, in its order (pack_correct)
+        return out
+
+    @staticmethod
+    def name_of(cfg: Mapping) -> str:
+        "A readable run name: method, teacher, options, data, recipe and seed."
+        t = cfg["teacher"]
+        tn = None if t is None else ("random" if "random" in t else "finetuned" if "trained" in t else
+                                     (t["pretrained"] if isinstance(t["pretrained"], str) else t["pretrained"].get("algorithm")))
+        bits = [cfg["method"], f"teacher={tn}"] + [f"{k}={cfg[k]}" for k in ("layers", "heads", "aggregate") if cfg[k]]
+        if cfg["init"]:
+            bits.append(f"init={TransferRuns.name_of(dict(cfg, teacher=cfg['init'], init=None)).split('teacher=')[1].split()[0]}")
+        if cfg["method"] in ("distill", "q_distill", "feature_distill"): bits.append(f"weight={cfg['weight']}")
+        bits += [f"data={cfg['data']['name']}", f"schedule={cfg['schedule_name']}"]
+        if cfg["source"] != "maps": bits.append(f"source={cfg['source']}")
+        return " ".join(bits) + f" seed={cfg['seed']}"
+
+    def run(self, cfg: Mapping) -> dict:
+        "A cached run (a copy from a fine-tuned model trains that model first)."
+        if cfg["teacher"] and "trained" in cfg["teacher"]: self.run(cfg["teacher"]["trained"])
+        return self.pr.run(cfg, self.train, name=self.name_of(cfg))
+
+    def run_all(self, cfgs: list) -> list:
+        """`run` over a grid known up front, in order: `pr.run_many`, so that with `attnrepro reproduce --executor
+        local|slurm` the missing runs train as separate jobs (a copy from a fine-tuned model after that model)."""
+        def deps(cfg):
+            t = cfg["teacher"]
+            return [(self.name_of(t["trained"]), t["trained"])] if t and "trained" in t else []
+        return self.pr.run_many([(self.name_of(c), c) for c in cfgs], self.train, depends=deps)
+
+    def trained_model(self, cfg: Mapping) -> nn.Module:
+        "The trained model of a train config (trained now if needed), from its checkpoint."
+        self.run(cfg)
+        ck = self.pr.ckpt_dir(config_hash(cfg)) / CKPT_NAME
+        if not ck.exists():   # result cached (e.g. committed runs/*.json) but weights gone: retrain the same config
+            print(f"weights of '{self.name_of(cfg)}' ({config_hash(cfg)}) are not in {ck.parent}: retraining them for the analysis")
+            self.train(cfg, ck.parent)
+        model, _ = self.build(cfg)
+        model.load_state_dict(load_checkpoint(ck)["model"])
+        return model.eval()
 
 # %% ../nbs/14_transfer.ipynb #da606b8d
 from .verdicts import Arm, Verdict, all_of, difference, gap_fraction, greater, less, within
