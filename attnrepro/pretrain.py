@@ -29,7 +29,7 @@ __all__ = ['TINY_ARCH', 'encoder_config', 'clean_encoder', 'cls_token_features',
            'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL', 'MultiCropTransform',
            'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
            'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality',
-           'tiny_teacher', 'get_teacher']
+           'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets', 'quality_kwargs', 'train_teacher_run']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -599,3 +599,74 @@ def get_teacher(spec: str | dict) -> nn.Module:
     if isinstance(spec, str): return load_teacher(spec)
     if isinstance(spec, dict): return tiny_teacher(**spec)
     raise TypeError(f"get_teacher: expected a teacher name (str) or tiny_teacher kwargs (dict), got {type(spec).__name__}")
+
+# %% ../nbs/11_pretrain.ipynb #b1b608ad
+import json, time
+from collections.abc import Mapping
+
+from .core import git_commit
+from .data import class_balanced_subset, eval_transform, get_dataset, train_transform
+from .models import save_teacher
+
+def pretrain_dataset(spec: Mapping, img_size: int):
+    "The pre-training set of a teacher spec, with its algorithm's augmentation."
+    algo, aug = spec["algorithm"], spec.get("augment") or {}
+    if algo == "mae": tf = mae_transform(img_size)
+    elif algo == "dino":
+        tf = MultiCropTransform(img_size, n_local=aug["n_local"], global_scale=tuple(aug["global_scale"]),
+                                local_scale=tuple(aug["local_scale"]))
+    elif algo == "supervised": tf = train_transform(aug["preset"], img_size)
+    else: raise ValueError(f"unknown algorithm {algo!r}; valid: mae, dino, supervised")
+    d = spec["data"]
+    ds = get_dataset(d["name"], d.get("split", "train"), transform=tf)
+    return class_balanced_subset(ds, per_class=d["per_class"], seed=0) if d.get("per_class") else ds
+
+def quality_sets(quality: Mapping, img_size: int, per_class_train=None, per_class_val=None):
+    "Labelled train / val sets of a quality spec's data with the eval transform (optionally class-balanced subsets)."
+    tf = eval_transform(img_size)
+    tr = get_dataset(quality["data"], "train", transform=tf)
+    va = get_dataset(quality["data"], quality.get("val_split", "val"), transform=tf)
+    if per_class_train: tr = class_balanced_subset(tr, per_class=per_class_train, seed=0)
+    if per_class_val: va = class_balanced_subset(va, per_class=per_class_val, seed=0)
+    return tr, va
+
+def quality_kwargs(quality: Mapping) -> dict:
+    "The k-NN / probe settings of a quality spec, as `teacher_quality` and `random_init_quality` take them."
+    return {k: quality[k] for k in ("k", "T", "probe_epochs", "probe_lr", "probe_batch")}
+
+def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapping, teacher_dir) -> dict:
+    """Pre-train the teacher of a config with its algorithm, score it against `random_q` (a random ViT's quality),
+    save it in `teacher_dir` with its manifest, and return the run's small record."""
+    name, spec = config["name"], config["spec"]
+    arch, algo = config["arch"], spec["algorithm"]
+    img, qual = arch["img_size"], config["quality"]
+    ds = pretrain_dataset(spec, img)
+    cfg = TrainConfig(**{**spec["train"], "betas": tuple(spec["train"].get("betas", (0.9, 0.999)))})
+    opts, mon = dict(spec.get("options") or {}), spec.get("monitor")
+    val = bank = None
+    if mon: bank, val = quality_sets(qual, img, mon["bank_per_class"], mon["val_per_class"])
+    progress = bool(recipe.get("progress", False))
+    if algo == "mae":
+        enc, res = pretrain_mae(ds, arch, cfg, ckpt_dir, val_data=val, knn_bank=bank, progress=progress, **opts)
+    elif algo == "dino":
+        enc, res = pretrain_dino(ds, arch, cfg, ckpt_dir, val_data=val, knn_bank=bank, progress=progress, **opts)
+    else:
+        enc, res = pretrain_supervised(ds, arch, cfg, ckpt_dir, val_data=val, progress=progress, **opts)
+    tr, va = quality_sets(qual, img)
+    t0 = time.time()
+    q = teacher_quality(enc, tr, va, baseline=random_q, **quality_kwargs(qual))
+    quality_s = time.time() - t0
+    d = spec["data"]
+    meta = dict(algorithm=algo, profile=config["profile"], data=dict(d, n_images=len(ds)), recipe=spec,
+                epochs=len(res["history"]), steps=res["steps"], batch_size=cfg.batch_size, lr_effective=res["lr_effective"],
+                wall_time_s=round(res["wall_time_s"], 1), quality_time_s=round(quality_s, 1),
+                images_per_s=res["images_per_s"], epoch_loss=res["epoch_loss"], loss_curve=res["loss_curve"],
+                quality=q, git_commit=git_commit(), input_size=img, mean=list(IMAGENET_MEAN),
+                std=list(IMAGENET_STD), dataset=d["name"], num_classes=enc.num_classes,
+                note=recipe.get("note", ""))
+    w = save_teacher(enc, name, meta=meta, dir=teacher_dir, overwrite=True)
+    saved = json.loads(w.with_suffix(".json").read_text())
+    keep = ("algorithm", "epochs", "steps", "wall_time_s", "images_per_s", "epoch_loss", "loss_curve", "history",
+            "lr_effective", "n_params", "n_params_trainable", "encoder_config", "resumed_from_epoch", "final")
+    return dict({k: res[k] for k in keep if k in res}, quality=q, quality_time_s=quality_s, sha256=saved["sha256"],
+                teacher_params=saved["params"], weights=w.name, size_bytes=w.stat().st_size, n_images=len(ds))

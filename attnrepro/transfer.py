@@ -447,7 +447,7 @@ def model_info_counts(model: nn.Module) -> dict[str, int]:
     a = m.blocks[0].attn
     return attention_info_counts(len(m.blocks), a.num_heads, m.patch_embed.num_patches + m.num_prefix_tokens, a.head_dim)
 
-# %% ../nbs/14_transfer.ipynb #aa6b2ab5
+# %% ../nbs/14_transfer.ipynb #0f342225
 import json
 from collections.abc import Mapping
 
