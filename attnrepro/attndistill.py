@@ -22,11 +22,11 @@ from .train import LossTerm, Method, StepContext, put_taps
 __all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS',
            'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss',
            'projector_dims', 'Projector', 'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs',
-           'teacher_targets', 'attndistill_method', 'projector_layer_features', 'run_datasets', 'teacher_here',
-           'run_teacher', 'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run', 'variants',
-           'variant_config', 'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression',
-           'claim_gain_across_shapes', 'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows',
-           'attndistill_claims', 'reported_getter', 'reported_claims', 'loss_shares']
+           'teacher_targets', 'attndistill_method', 'projector_layer_features', 'run_datasets', 'run_teacher',
+           'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config',
+           'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes',
+           'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows', 'attndistill_claims',
+           'reported_getter', 'reported_claims', 'loss_shares']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -321,9 +321,8 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
     return [torch.cat(f) for f in feats], torch.cat(labels)
 
 # %% ../nbs/16_attndistill.ipynb #114ddfe2
-import json, os, time
+import json, time
 from collections.abc import Mapping
-from pathlib import Path
 
 import numpy as np
 from torch.utils.data import DataLoader
@@ -331,7 +330,7 @@ from torch.utils.data import DataLoader
 from .attention import attention_maps
 from .data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset
 from .evaluate import knn_accuracy, linear_probe
-from .models import create_student, teacher_names
+from .models import create_student, teacher_available
 from .pretrain import cls_features, get_teacher, mae_transform
 from .scale import ProcessCache, dry_run_steps
 from .train import TrainConfig, fit
@@ -353,18 +352,12 @@ def run_datasets(data: Mapping, img_size: int):
         _RUN_CACHE[key] = train_aug, train_eval, val_eval
     return _RUN_CACHE[key]
 
-def teacher_here(spec) -> bool:
-    "Whether `get_teacher(spec)` can find the teacher: a saved name, a hub name, a file, a URL to fetch it from."
-    if not isinstance(spec, str): return True   # tiny_teacher kwargs: made on the spot
-    return (spec in teacher_names() or spec.startswith("timm:") or Path(spec).expanduser().is_file()
-            or bool(os.environ.get("ATTNREPRO_TEACHER_URL")))
-
 def run_teacher(spec, img_size: int, teacher_arch: Mapping | None = None) -> nn.Module:
     """The frozen float teacher of `spec` (once per process); `teacher_arch` (the paper profile's) must match it. A dry
     run without the teacher gets random weights of `teacher_arch`, saying so."""
     key = ("teacher", json.dumps(spec, sort_keys=True), img_size)
     if key not in _RUN_CACHE:
-        if dry_run_steps() and teacher_arch and not teacher_here(spec):
+        if dry_run_steps() and teacher_arch and not teacher_available(spec):
             print(f"[dry run] teacher {spec!r} is not here: random weights of its architecture {dict(teacher_arch)}")
             t = create_student("vit", img_size=img_size, num_classes=0, **teacher_arch)
         else:

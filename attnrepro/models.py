@@ -33,8 +33,8 @@ __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNE
            'unwrap_state_dict', 'read_checkpoint', 'read_state_dict', 'load_state_dict_strict', 'KeyMap',
            'map_checkpoint', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config',
            'build_model', 'efficientnet_lite0_weights_path', 'map_lite0_state_dict', 'fetch_teacher', 'teacher_names',
-           'load_teacher', 'teacher_record', 'save_teacher', 'intermediate_features', 'block_names',
-           'cnn_block_features']
+           'teacher_available', 'load_teacher', 'teacher_record', 'save_teacher', 'intermediate_features',
+           'block_names', 'cnn_block_features']
 
 # %% ../nbs/03_models.ipynb #3e8939e9
 from .data import IMAGENET_MEAN, IMAGENET_STD  # one definition, re-exported here
@@ -560,6 +560,12 @@ def _read_json_bytes(data: bytes, where: str) -> dict:
 def teacher_names(teacher_dir: Path | str | None = None) -> list[str]:
     "Built-in teacher names plus the saved teachers found along `teacher_dirs`; `timm:<name>` and file paths are accepted too."
     return list(BUILTIN_TEACHERS) + sorted(n for n in _registry(teacher_dir) if n not in BUILTIN_TEACHERS)
+
+def teacher_available(spec) -> bool:
+    "Whether a teacher spec can be had here: tiny-teacher kwargs, a saved or built-in name, a timm hub name, a file, or a URL to fetch from."
+    if not isinstance(spec, str): return True   # tiny_teacher kwargs: made on the spot
+    return (spec in teacher_names() or spec.startswith("timm:") or Path(spec).expanduser().is_file()
+            or bool(os.environ.get("ATTNREPRO_TEACHER_URL")))
 
 def _sidecar(path: Path) -> Path | None:
     for c in (path.with_name(path.name + ".json"), path.with_suffix(".json")):

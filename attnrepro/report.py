@@ -380,6 +380,32 @@ class PaperRun:
         show_figure(self.out_dir / f"fig_{fig_id}.png")
         return fig
 
+    def require_paper_resources(self, trains: str, datasets=(), teachers: dict | None = None) -> None:
+        """At the `paper` profile (not in a dry run, which costs the grid on stand-ins), stop before anything trains
+        when this machine lacks what the recipe needs, naming all of it at once: a CUDA device (`trains`: what the
+        recipe trains, in words), each of `datasets` (a download is tried where allowed, else the error says what to put
+        where), each of `teachers` ({spec: how to get it}) that `get_teacher` cannot find. Outputs written so far stay."""
+        from attnrepro.scale import dry_run_steps
+        if self.profile != "paper" or dry_run_steps(): return
+        import torch
+        from attnrepro.data import DATASETS, DataNotFoundError, get_dataset, list_datasets
+        from attnrepro.models import teacher_available
+        need = [] if torch.cuda.is_available() else [f"GPUs (this machine has no CUDA device): the recipe trains {trains}"]
+        found = list_datasets()
+        for name in dict.fromkeys(datasets):
+            if name not in DATASETS:
+                need.append(f"dataset {name!r}: not registered in attnrepro.data (known: {sorted(DATASETS)})")
+            elif found[name]["found"] is None:
+                try: get_dataset(name, DATASETS[name].splits[0])   # downloads where it can (ATTNREPRO_DOWNLOAD=1)
+                except DataNotFoundError as e: need.append(f"dataset {name!r}: {e}")
+        need += [f"the teacher {spec!r}: {how}" for spec, how in (teachers or {}).items() if not teacher_available(spec)]
+        if need:
+            self.finish()
+            raise RuntimeError(f"{self.paper} paper profile: nothing is trained here (the tables written so far are kept); "
+                               "it needs\n  - " + "\n  - ".join(need) + "\nRun it on a GPU machine or a cluster (README: "
+                               f"'Running the paper profile'), or cost its grid here: `attnrepro reproduce --paper "
+                               f"{self.paper} --profile paper --dry-run`.")
+
     def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "") -> Verdict:
         """Record a paper's claim with its verdict (`attnrepro.verdicts`: holds, does not hold, inconclusive or
         untestable, with the interval that decided it); printed, and written to claims.md/csv."""

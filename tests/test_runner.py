@@ -234,3 +234,26 @@ def test_readme_cli_commands_parse_and_the_quick_ones_run(capsys):
     assert main(["list"]) == 0 and "--param: seeds=None" in capsys.readouterr().out   # settable parameters shown
     for c in (["datasets"], ["readme", "--check"]):
         assert main(c) == 0, (c, capsys.readouterr())
+
+
+def test_paper_profile_names_everything_it_lacks_before_training(tmp_path, monkeypatch):
+    "require_paper_resources: at the paper profile without CUDA, one error names the GPU, each missing dataset and teacher."
+    import torch
+    from attnrepro.report import PaperRun
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("ATTNREPRO_DOWNLOAD", raising=False)
+    monkeypatch.delenv("ATTNREPRO_TEACHER_URL", raising=False)
+    pr = PaperRun("gta", "paper", tmp_path / "out")
+    with pytest.raises(RuntimeError) as e:
+        pr.require_paper_resources("a ViT-S/16 grid", datasets=["cub200", "cifar10"],
+                                   teachers={"no_such_teacher": "pre-train it first", "timm:vit_small_patch16_224": "hub"})
+    msg = str(e.value)
+    assert "GPUs (this machine has no CUDA device): the recipe trains a ViT-S/16 grid" in msg
+    assert "dataset 'cub200'" in msg and "dataset 'cifar10'" not in msg          # CIFAR-10 is in the offline data
+    assert "the teacher 'no_such_teacher': pre-train it first" in msg and "timm:vit_small" not in msg
+    assert "--paper gta --profile paper --dry-run" in msg
+    assert (tmp_path / "out" / "runs_used.json").is_file()                       # finished: the runner keeps what was written
+    for profile in ("smoke", "mini"):                                            # other profiles: nothing to check
+        PaperRun("gta", profile, tmp_path / profile).require_paper_resources("x", datasets=["cub200"])
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "2")                                 # a dry run goes on
+    PaperRun("gta", "paper", tmp_path / "dry").require_paper_resources("x", datasets=["cub200"])
