@@ -33,7 +33,8 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
            'claim_localises_better', 'frozen_teacher', 'teacher_stats', 'label_teacher', 'run_datasets',
            'lambda_gammas', 'load_backbone_', 'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist',
-           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config', 'describe_regime']
+           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config', 'describe_regime',
+           'arch_counts_run', 'step_time_run']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -942,3 +943,53 @@ def describe_regime(recipe: Mapping, name: str) -> str:
     R, d = recipe["regimes"][name], recipe["regimes"][name]["data"]
     sub = f"{d['per_class']} per class" if d.get("per_class") else f"{100 * d['fraction']:g} %" if d.get("fraction") else "all"
     return f"{d['name']} {sub}, {R['augment']} augmentation, {R['epochs']} epochs"
+
+# %% ../nbs/12_aal.ipynb #f7d646fd
+def arch_counts_run(config: Mapping, ckpt_dir=None) -> dict:
+    "Params (M) and GMACs at 224 px of the timm architectures `config['models']` {key: timm name} (random init)."
+    import timm
+    from attnrepro.models import count_flops
+    out = {}
+    for key, name in config["models"].items():
+        m = timm.create_model(name, pretrained=False).eval()
+        out[key] = dict(params_m=sum(p.numel() for p in m.parameters()) / 1e6, flops_g=count_flops(m, 224) / 2e9)
+        del m
+    return out
+
+def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> dict:
+    """Median seconds of one training step (forward incl. teacher, backward, update) of the DeiT, ConViT and AAL students
+    of `config` (student shape, teacher, data, batch, warm-up and timed steps) on `device` (default: the CPU)."""
+    import os, time
+    dev = torch.device(device or "cpu")
+    st, tt = config["student"], config["teacher"]
+    batch, warmup, steps = config["batch"], config["warmup"], config["steps"]
+    if dry_run_steps(): batch, warmup, steps = min(batch, dry_run_cpu_batch()), 1, dry_run_steps()   # a few small steps
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 3, st["img_size"], st["img_size"], generator=g).to(dev)
+    classes = get_dataset(config["data"], "train").classes
+    y = torch.randint(0, len(classes), (batch,), generator=g).to(dev)
+    out = {}
+    for key, (arch, m) in dict(deit=(dict(st, arch="deit"), deit_spec(tt)), convit=(dict(st, arch="convit"), CE_SPEC),
+                               aal=(st, aal_spec(recipe, tt))).items():
+        student, method = build_run(dict(arch=arch, method=m, train=train_kw(recipe, 10)), classes, recipe["distill"])
+        method = method or Method()
+        for m_ in [student, *method.extra_modules.values(), *method.frozen_modules.values()]: m_.to(dev)
+        mods = dict(method.extra_modules)
+        opt = torch.optim.AdamW([p for mm in [student, *mods.values()] for p in mm.parameters()], 1e-4)
+        cfg = TrainConfig(**train_kw(recipe, 10))
+        ts = []
+        for i in range(warmup + steps):
+            t0 = time.perf_counter()
+            ctx = StepContext(x=x, y=y, target=y, model=student, train_model=student, modules=mods, cfg=cfg,
+                              device=dev, state={}, epoch=0, out=None, logits=None)
+            method.before_forward(ctx); method.forward(ctx)
+            loss = sum(t.weight_at(0) * t.fn(ctx) for t in method.terms)
+            opt.zero_grad(); loss.backward(); opt.step()
+            if dev.type == "cuda": torch.cuda.synchronize(dev)
+            if i >= warmup: ts.append(time.perf_counter() - t0)
+        out[key] = float(np.median(ts))
+    if dev.type == "cuda": out["device"] = torch.cuda.get_device_name(dev)
+    out["threads"] = torch.get_num_threads()
+    out["load1"] = os.getloadavg()[0]
+    return out

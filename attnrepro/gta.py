@@ -31,9 +31,10 @@ __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVE
            'grad_norm_summary', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup',
            'finetune_transform', 'best_coef', 'tie_text', 'heldout_split', 'load_source', 'target_dataset', 'steps_for',
            'target_domain', 'box_target', 'framed_boxes', 'run_config', 'attention_outputs', 'finetune_run',
-           'pretrained_attention_run', 'seed_spread', 'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data',
-           'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
-           'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
+           'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor',
+           'pilot_arm_steps', 'pilot_config', 'pilot_name', 'seed_spread', 'seeds_arm', 'rate_label',
+           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
+           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -670,6 +671,48 @@ def pretrained_attention_run(config: Mapping, ckpt_dir=None) -> dict:
     "The source itself (no fine-tuning): Table 4's 'pre-trained' row and Figure 1's first column."
     return attention_outputs(load_source(config["source"]),
                              target_dataset(config["dataset"], "test", eval_transform(config["img_size"])), config)
+
+# %% ../nbs/15_gta.ipynb #f680be46
+# the pilot's arms: each fine-tunes from `source` (default: the pilot's) on `dataset` (default: the pilot's own, 'out';
+# else a key of the recipe's datasets) for `steps` (default: the pilot's train.steps); absent keys leave the configs
+# (cache keys) of earlier pilot runs unchanged
+def pilot_arm_source(pilot: Mapping, arm: Mapping):
+    return arm.get("source", pilot["source"])
+
+def pilot_arm_target(arm: Mapping) -> str:
+    return arm.get("dataset", "out")
+
+def pilot_arm_dataset(recipe: Mapping, arm: Mapping) -> dict:
+    "The dataset spec a pilot arm fine-tunes on."
+    if "dataset" not in arm:
+        return recipe["pilot"]["dataset"]
+    if arm["dataset"] not in recipe["datasets"]:
+        raise KeyError(f"pilot arm {arm}: dataset {arm['dataset']!r} is not a key of datasets ({list(recipe['datasets'])})")
+    return {k: v for k, v in recipe["datasets"][arm["dataset"]].items() if k != "steps"}
+
+def pilot_floor(pilot: Mapping, target: str) -> float:
+    "The pilot's floor for `target`: one floor, or one per target (its chance differs)."
+    f = pilot["floor"]
+    if isinstance(f, dict) and target not in f:
+        raise KeyError(f"pilot.floor has no entry for target {target!r} (it has {list(f)}): add one")
+    return f[target] if isinstance(f, dict) else f
+
+def pilot_arm_steps(pilot: Mapping, arm: Mapping) -> int:
+    return arm.get("steps", pilot["train"]["steps"])
+
+def pilot_config(recipe: Mapping, arm: Mapping, seed: int) -> dict:
+    "The config of one pilot run (`finetune_run` trains it)."
+    PL = recipe["pilot"]
+    return dict(method=arm["method"], coef=arm.get("coef"), source_kind=arm.get("source_kind", "ssl"),
+                source=pilot_arm_source(PL, arm), dataset_key=arm.get("dataset", "pilot"),
+                dataset=pilot_arm_dataset(recipe, arm), rate=arm["rate"], seed=seed,
+                train={**PL["train"], "steps": pilot_arm_steps(PL, arm)}, img_size=recipe["img_size"],
+                keep_mass=recipe["keep_mass"], figure_images=0, **({"center": True} if arm.get("center") else {}))
+
+def pilot_name(a: Mapping) -> str:
+    "A pilot arm's row name: 'fine-tune 15%', 'GTA 15% lambda 0.001', ..."
+    return (f"fine-tune {a['rate']:.0%}" if a["method"] == "baseline"
+            else f"{a['method'].upper()}{' centred' if a.get('center') else ''} {a['rate']:.0%} lambda {a['coef']:g}")
 
 # %% ../nbs/15_gta.ipynb #c1a1e5x1
 NO_SPREAD = "one seed and no measured seed spread in this regime"
