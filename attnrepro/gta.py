@@ -672,7 +672,7 @@ def pretrained_attention_run(config: Mapping, ckpt_dir=None) -> dict:
     return attention_outputs(load_source(config["source"]),
                              target_dataset(config["dataset"], "test", eval_transform(config["img_size"])), config)
 
-# %% ../nbs/15_gta.ipynb #f680be46
+# %% ../nbs/15_gta.ipynb #67a72400
 # the pilot's arms: each fine-tunes from `source` (default: the pilot's) on `dataset` (default: the pilot's own, 'out';
 # else a key of the recipe's datasets) for `steps` (default: the pilot's train.steps); absent keys leave the configs
 # (cache keys) of earlier pilot runs unchanged
