@@ -15,7 +15,7 @@ from torch import nn
 from timm.layers import DropPath
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, _resolve_layers, attention_blocks, model_device, on_model_device
+from .attention import _resolve_layers, model_device, on_model_device
 from .attention import Taps, require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss

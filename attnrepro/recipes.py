@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy, dataclasses, difflib, types, typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import yaml
 
