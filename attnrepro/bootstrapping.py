@@ -515,7 +515,7 @@ from torch.utils.data import DataLoader
 
 from .attention import attention_maps, on_model_device
 from .data import DATASETS, class_balanced_subset, eval_transform, get_dataset, train_transform
-from .models import count_flops, create_student, teacher_names
+from .models import count_flops, create_student, teacher_available
 from .pretrain import get_teacher
 from .scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
 from .train import CKPT_NAME, TrainConfig, evaluate, fit
@@ -561,9 +561,9 @@ def pretrained_vit(spec, num_classes: int, img_size: int) -> nn.Module:
     return m.train()
 
 def teacher_status(spec) -> str | None:
-    "None if the pre-trained model can be loaded here, else why not."
+    "None if the pre-trained model can be loaded here (`models.teacher_available`), else why not."
     if spec is None: return "none"
-    if isinstance(spec, str) and not spec.startswith("timm:") and spec not in teacher_names():
+    if not teacher_available(spec):
         return (f"pending: teacher {spec!r} is not built yet (run `attnrepro reproduce --paper teachers "
                 f"--profile mini`)")
     return None
