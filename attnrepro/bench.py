@@ -75,12 +75,15 @@ class BenchConfig:
     device: str = "cpu"
     lr: float = 1e-4
     seed: int = 0
+    amp: bool = False  # bfloat16 autocast of every forward (how the paper profile trains on CUDA)
 
     def __post_init__(self):
         for k in ("batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "num_classes", "steps"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"BenchConfig: {k} must be a positive int, got {v!r}")
+        if not isinstance(self.amp, bool):
+            raise ValueError(f"BenchConfig: amp must be True or False, got {self.amp!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"BenchConfig: warmup must be an int >= 0, got {self.warmup!r}")
         k = self.distill_layers
@@ -111,8 +114,8 @@ def build_bench(cfg: BenchConfig, with_teacher: bool = True):
 
 # %% ../nbs/10_bench.ipynb #060888de
 def make_step(variant: str, student: nn.Module, teacher: nn.Module | None, opt: torch.optim.Optimizer,
-              distill_layers: int | None = None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    "A training step `step(x, y) -> loss` of `variant` (one of `BENCH_VARIANTS`) on `student`."
+              distill_layers: int | None = None, amp: bool = False) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    "A training step `step(x, y) -> loss` of `variant` (one of `BENCH_VARIANTS`) on `student`; `amp`: forward under bfloat16 autocast."
     if variant not in BENCH_VARIANTS:
         raise ValueError(f"Unknown bench variant {variant!r}; valid: {BENCH_VARIANTS}")
     if variant in TEACHER_VARIANTS and teacher is None:
@@ -149,19 +152,20 @@ def make_step(variant: str, student: nn.Module, teacher: nn.Module | None, opt: 
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        loss = forward_loss(x, y)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
+            loss = forward_loss(x, y)
         loss.backward()
         opt.step()
         return loss.detach()
     return step
 
-def teacher_forward_step(teacher: nn.Module, blocks: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def teacher_forward_step(teacher: nn.Module, blocks: int, amp: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
     "`step(x)`: the frozen `teacher` on `x` through its first `blocks` blocks under `inference_mode` (no capture, no loss): the floor's extra cost."
     depth = len(attention_blocks(teacher))
     if isinstance(blocks, bool) or not isinstance(blocks, int) or not 1 <= blocks <= depth:
         raise ValueError(f"teacher_forward_step: blocks={blocks!r} must be an int in 1..{depth} (the teacher's depth)")
     def step(x: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=amp):
             return forward_until(teacher, x, blocks - 1)
     return step
 
@@ -216,7 +220,7 @@ def _memory_probe(cfg: dict, variant: str) -> dict:
     base = _reset_peak_rss()
     cuda = torch.device(cfg.device).type == "cuda"
     student, teacher, opt, x, y = build_bench(cfg, with_teacher=variant in TEACHER_VARIANTS)
-    step = make_step(variant, student, teacher, opt, cfg.distill_layers)
+    step = make_step(variant, student, teacher, opt, cfg.distill_layers, cfg.amp)
     for _ in range(cfg.warmup + 2):
         loss = step(x, y)
     _sync(cfg.device)
@@ -266,12 +270,12 @@ def run_bench(cfg: BenchConfig | None = None, *, variants: Sequence[str] = BENCH
         raise ValueError(f"variants={variants}: give distinct names of {BENCH_VARIANTS}, 'plain' included "
                          "(ratios are to plain)")
     student, teacher, opt, x, y = build_bench(cfg, with_teacher=any(v in TEACHER_VARIANTS for v in variants))
-    steps = {v: make_step(v, student, teacher, opt, cfg.distill_layers) for v in variants}
+    steps = {v: make_step(v, student, teacher, opt, cfg.distill_layers, cfg.amp) for v in variants}
     # the floor of a teacher variant: a plain step + the teacher alone up to its last needed block, timed as its
     # own entry (one per distinct depth) in the same interleaved rounds
     need = {v: teacher_blocks(v, cfg.depth, cfg.distill_layers) for v in variants if v in TEACHER_VARIANTS}
     fwd_of = {v: teacher_forward_name(k) for v, k in need.items()}
-    fwd = {teacher_forward_name(k): partial(teacher_forward_step(teacher, k), x) for k in sorted(set(need.values()))}
+    fwd = {teacher_forward_name(k): partial(teacher_forward_step(teacher, k, cfg.amp), x) for k in sorted(set(need.values()))}
     last = {}
     def run(v):
         last[v] = steps[v](x, y)

@@ -77,6 +77,8 @@ def _add_bench_parser(sub) -> None:
                     ("distill-layers", "distil the first K blocks only (the paper: 3/4 of the depth; default all)")]:
         b.add_argument(f"--{flag}", type=int, help=h)
     b.add_argument("--device", help="cpu or cuda (default cpu)")
+    b.add_argument("--amp", action="store_true", help="bfloat16 autocast of every forward (the paper profile's setting on "
+                   "CUDA; on a CPU it helps only wide models)")
     b.add_argument("--variants", default=BENCH_VARIANT_NAMES,
                    help=f"comma-separated subset of {BENCH_VARIANT_NAMES} (plain is required)")
     b.add_argument("--no-memory", action="store_true", help="skip the per-variant peak-memory subprocesses")
@@ -188,7 +190,7 @@ def _bench(args) -> int:
     if args.throughput: return _throughput(args)
     keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "distill_layers", "warmup",
             "steps", "device"]
-    cfg = BenchConfig(**{k: getattr(args, k) for k in keys if getattr(args, k) is not None})
+    cfg = BenchConfig(amp=args.amp, **{k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.out and not args.out.endswith(".csv"):   # .md and .png are written beside it: a clash would overwrite
         raise ValueError(f"bench --out {args.out!r}: give a path ending in .csv (the .md table and .png chart go beside it)")
     df = run_bench(cfg, variants=[v.strip() for v in args.variants.split(",") if v.strip()],

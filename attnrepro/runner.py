@@ -248,6 +248,8 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                                     log_output=log_output, extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
         except PapermillExecutionError as e:
             stopped = f"the notebook stopped in cell {e.exec_count} (index {e.cell_index}): {e.ename}: {e.evalue}"[:800]
+        except KeyboardInterrupt:   # Ctrl-C or a time limit (`timeout -s INT`): what was measured is still written
+            stopped = "interrupted (Ctrl-C or a time limit) before the notebook finished"
         rows = read_probes(log)
         df = cost_table(rows)
         out = root / "outputs" / DRYRUN_DIR / short / profile
@@ -259,7 +261,8 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
         caption = (f"**Dry-run cost** of {short} at the {profile} profile ({time.strftime('%Y-%m-%d')}, commit "
                    f"{git_commit(root)}, on {', '.join(devices) or 'no device: no run reached a training step'}): every "
                    f"run built at its real size, one warm-up and {steps} timed optimiser step(s), two validation batches "
-                   "(a run's 'fits' include any model it pre-trains on the way, e.g. a smoke teacher); "
+                   "(a run's 'fits' include any model it pre-trains on the way, e.g. a smoke teacher; a run that differs from an "
+                   "earlier one only in its seeds is not built again and shows the earlier one's timing); "
                    "'train h' = step time x optimiser steps per epoch (the real training set over the recipe's batch) x "
                    "epochs; 'eval h' = the evaluation passes of the recipe likewise. Memory: "
                    + "; ".join(sorted({r["mem_kind"] for r in probes}) or ["not measured"]) + ". "

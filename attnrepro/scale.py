@@ -5,6 +5,7 @@
 # %% ../nbs/21_scale.ipynb #8f49ab12
 from __future__ import annotations
 import copy, dataclasses, json, math, os, socket, time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -318,6 +319,7 @@ def dry_run_cpu_batch() -> int:
 PROBES: list[dict] = []        # this process's probes (also appended to $ATTNREPRO_DRY_RUN_LOG)
 _CURRENT: list[dict] = []      # the runs being probed (innermost last)
 _STAND_IN: dict[str, Any] = {}  # fn name -> its last successful result in this dry run
+_TWINS: dict[str, dict] = {}    # (fn name, config without seeds) -> the run timed for it: its name, probes and result
 
 def _log_dry(row: dict) -> dict:
     row = dict(row, run=row.get("run") or (_CURRENT[-1]["run"] if _CURRENT else None),
@@ -331,18 +333,36 @@ def record_probe(probe: dict) -> dict:
     "A dry run's measurement of one `fit` (called by `fit`), credited to the run being probed."
     return _log_dry(dict(probe, kind="probe"))
 
+def _without_seeds(x):
+    "`x` with every key named `seed` dropped, at any depth: runs that differ only in seeds cost the same."
+    if isinstance(x, Mapping): return {k: _without_seeds(v) for k, v in x.items() if k != "seed"}
+    if isinstance(x, (list, tuple)): return [_without_seeds(v) for v in x]
+    return x
+
 def dry_call(name: str | None, h: str) -> Callable:
-    "How `PaperRun` calls `fn(config, ckpt_dir)` in a dry run: probes credited to the run; a failure recorded (see above)."
+    """How `PaperRun` calls `fn(config, ckpt_dir)` in a dry run: probes credited to the run; a failure recorded (see
+    above). A run whose config differs from an earlier one's only in its seeds is not built again: the earlier run's
+    probes are credited to it (`twin` in the log) and its result stands in: same shapes and batch, same cost."""
     def call(fn, config, ckpt_dir):
         key = getattr(fn, "__qualname__", repr(fn))
+        twin_key = key + " " + json.dumps(_without_seeds(config), sort_keys=True, default=str)
         _CURRENT.append(dict(run=name or h, hash=h))
         try:
+            if twin := _TWINS.get(twin_key):
+                if "error" in twin: raise RuntimeError(f"as its seed twin {twin['run']}: {twin['error']}")
+                for p in twin["probes"]: _log_dry(dict(p, run=None, hash=None, twin=twin["run"]))
+                _log_dry(dict(kind="run", status="ok", twin=twin["run"]))
+                return copy.deepcopy(twin["result"])
+            first = len(PROBES)
             result = fn(config, ckpt_dir)
             _STAND_IN[key] = copy.deepcopy(result)
+            _TWINS[twin_key] = dict(run=name or h, probes=[p for p in PROBES[first:] if p["kind"] == "probe"],
+                                    result=copy.deepcopy(result))
             _log_dry(dict(kind="run", status="ok"))
             return result
         except Exception as e:
             stand_in = key in _STAND_IN
+            _TWINS.setdefault(twin_key, dict(run=name or h, error=f"{type(e).__name__}: {e}"[:300]))
             _log_dry(dict(kind="run", status="failed", error=f"{type(e).__name__}: {e}"[:400], stand_in=stand_in))
             print(f"[dry run] run {name or h} failed: {type(e).__name__}: {str(e)[:300]}"
                   + ("; an earlier result of the same function stands in" if stand_in else ""), flush=True)
@@ -369,6 +389,8 @@ def cost_table(rows: list[dict]):
         if r["kind"] == "probe": d["fits"].append(r)
         elif r.get("status") == "failed":
             d["status"] = "FAILED: " + r["error"] + (" (an earlier result stood in)" if r.get("stand_in") else "")
+        elif r.get("twin"):
+            d["status"] = f"ok: timed as {r['twin']} (same config but the seed)"
     out = []
     for d in runs.values():
         f = d["fits"]

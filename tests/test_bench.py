@@ -164,6 +164,25 @@ def test_run_bench_tiny():
     assert "1.32" in text and "Li et al. 2024" in text and "distill" in text
 
 
+def test_bench_amp_runs_bf16_forwards():
+    "amp: every forward under bfloat16 autocast (the paper profile's CUDA setting); a wrong value is named."
+    with pytest.raises(ValueError, match="amp must be True or False, got 'yes'"):
+        BenchConfig(**TINY, amp="yes")
+    cfg = BenchConfig(**TINY, amp=True)
+    student, teacher, opt, x, y = build_bench(cfg)
+    seen = []
+    student.head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    loss = make_step("distill", student, teacher, opt, amp=True)(x, y)
+    assert seen == [torch.bfloat16] and loss.isfinite()
+    qkv = []   # the residual stream stays float32 under autocast; its linear layers run in bfloat16
+    teacher.blocks[0].attn.qkv.register_forward_hook(lambda m, i, o: qkv.append(o.dtype))
+    teacher_forward_step(teacher, 2, amp=True)(x)
+    teacher_forward_step(teacher, 2)(x)
+    assert qkv == [torch.bfloat16, torch.float32]
+    df = run_bench(cfg, steps=1, warmup=0, memory=False)
+    assert df.attrs["config"]["amp"] is True and "amp=True" in format_bench(df)
+
+
 def test_memory_probe_in_fresh_process():
     m = measure_memory(BenchConfig(**TINY, warmup=0), "distill")  # teacher, capture and loss: every code path
     assert 0 < m["peak_mb"] < m["rss_peak_mb"] and m["rss_base_mb"] > 0, m
@@ -176,7 +195,7 @@ def test_cli_bench(tmp_path, capsys):
             "--steps", "1", "--warmup", "0", "--distill-layers", "1", "--no-memory", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "time x plain" in printed and "distilled blocks: 1 of 2" in printed
+    assert "time x plain" in printed and "distilled blocks: 1 of 2" in printed and "amp=False" in printed
     df = pd.read_csv(out)
     assert list(df.variant) == list(BENCH_VARIANTS) and df.time_ratio.iloc[0] == 1.0
     assert {"floor_s", "vs_floor", "floor_goal_met"} <= set(df.columns)

@@ -266,3 +266,16 @@ paper: {extends: paper}
            {k: v for k, v in base.items() if k not in ("train", "datasets", "seeds", "note")}
     with pytest.raises(RecipeError, match="cycle: paper -> paper"):
         load_profile("gta", "paper", root=tmp_path)
+
+
+@pytest.mark.parametrize("paper", ["aal", "attndistill", "bootstrapping_vit", "gta", "attention_transfer"])
+def test_paper_profile_trains_under_bf16_autocast(paper):
+    "Every training recipe of the paper profile (every `train*` mapping, at any depth) turns bf16 autocast on for GPUs."
+    def recipes(x, key=""):
+        if isinstance(x, dict):
+            if key.startswith("train") and "lr" in x: yield key, x
+            for k, v in x.items(): yield from recipes(v, str(k))
+        elif isinstance(x, list):
+            for v in x: yield from recipes(v, key)
+    found = list(recipes(load_profile(paper, "paper")))
+    assert found and all(r.get("amp") is True for _, r in found), [(k, r.get("amp")) for k, r in found]

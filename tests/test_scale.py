@@ -189,11 +189,30 @@ def test_dry_run_costs_the_grid_and_caches_nothing(project, capsys):
     assert r["step s (recipe batch)"] == pytest.approx(4 * r["step s (timed batch)"]) and r["peak memory GB"] > 0
     assert r["train h"] == pytest.approx(r["step s (recipe batch)"] * 44 * 2 / 3600)
     assert t["total h"].iloc[-1] == pytest.approx(t["total h"].iloc[:2].sum())
+    twin = t.iloc[1]   # seed 1 differs from seed 0 only in its seed: not built again, seed 0's timing credited
+    assert twin["status"] == "ok: timed as linear seed 0 (same config but the seed)"
+    assert twin["step s (timed batch)"] == r["step s (timed batch)"] and twin["train h"] == r["train h"]
     md = (out / "table_cost.md").read_text()
     assert "recipe -> timed: 32 -> 8" in md and "VmHWM" in md and "INCOMPLETE" not in md
     assert "table_cost.csv and .md" in capsys.readouterr().out
     assert not (project / "outputs" / "smoke").exists() and not (project / "outputs" / "grid").exists()
     assert not (Path(os.environ["ATTNREPRO_CACHE"]) / "checkpoints").exists()   # no checkpoint in the real cache
+
+
+def test_interrupted_dry_run_still_writes_what_it_measured(project, monkeypatch):
+    "Ctrl-C or `timeout -s INT` mid-notebook: the table holds the runs measured so far and says INCOMPLETE."
+    import papermill
+    from attnrepro.runner import dry_run_paper
+    def interrupted(*a, **kw):
+        probe = dict(kind="probe", run="linear seed 0", hash="h0", method="m", device="cpu", device_name="x86_64", batch_recipe=32,
+                     batch_timed=8, step_s_timed=0.1, step_s=0.4, peak_mem_mb=100.0, mem_kind="fake", n_train=1437,
+                     steps_per_epoch=44, epochs=2, train_h=0.01, eval_h=0.0)
+        with open(os.environ["ATTNREPRO_DRY_RUN_LOG"], "a") as f: f.write(json.dumps(probe) + "\n")
+        raise KeyboardInterrupt
+    monkeypatch.setattr(papermill, "execute_notebook", interrupted)
+    res = dry_run_paper("grid", "smoke")
+    assert res["stopped"].startswith("interrupted") and list(res["table"].run) == ["linear seed 0", "TOTAL (1 runs)"]
+    assert "INCOMPLETE: interrupted (Ctrl-C or a time limit)" in (res["out"] / "table_cost.md").read_text()
 
 
 def test_synthetic_stand_in_and_dry_checkpoints(env, monkeypatch):
@@ -257,3 +276,35 @@ def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
         train_record(pr.runs_dir, "grid", "paper", cfg, fn, name)
         marker_path(pr.runs_dir, config_hash(cfg)).unlink()
     assert [r["value"] for r in pr.run_many(GRID, fn)] == [7, 17]   # gathered, nothing submitted
+
+
+def test_dry_call_times_seed_twins_once_and_repeats_a_twin_failure(monkeypatch):
+    "Runs that differ only in `seed` keys (at any depth) are built once; a twin of a failed run fails with its reason."
+    import attnrepro.scale as scale
+    for k in ("PROBES", "_CURRENT"): monkeypatch.setattr(scale, k, [])
+    for k in ("_STAND_IN", "_TWINS"): monkeypatch.setattr(scale, k, {})
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN_LOG", raising=False)
+    calls = []
+    def fn(cfg, ckpt_dir):
+        calls.append(cfg)
+        if cfg["width"] == 0: raise MemoryError("out of memory")
+        scale.record_probe(dict(method="m", device="cpu", batch_recipe=8, batch_timed=8, step_s_timed=cfg["width"] / 10,
+                                step_s=cfg["width"] / 10, peak_mem_mb=1.0, mem_kind="fake", n_train=80,
+                                steps_per_epoch=10, epochs=1, train_h=1.0, eval_h=0.0))
+        return {"top1": cfg["width"]}
+    a = {"width": 3, "seed": 0, "train": {"seed": 0, "epochs": 2}}
+    assert scale.dry_call("a0", "h0")(fn, a, None) == {"top1": 3}
+    assert scale.dry_call("a1", "h1")(fn, dict(a, seed=1, train={"seed": 1, "epochs": 2}), None) == {"top1": 3}
+    assert scale.dry_call("b", "h2")(fn, dict(a, train={"seed": 0, "epochs": 3}), None) == {"top1": 3}
+    assert len(calls) == 2   # a1 reused a0; b differs in more than its seeds
+    twin = [p for p in scale.PROBES if p["hash"] == "h1"]
+    assert [p["kind"] for p in twin] == ["probe", "run"] and all(p["twin"] == "a0" for p in twin)
+    assert twin[0]["step_s"] == 0.3 and twin[0]["run"] == "a1"
+    with pytest.raises(MemoryError):   # no earlier result of fn stands in for the first failure ... (fresh key)
+        monkeypatch.setattr(scale, "_STAND_IN", {})
+        scale.dry_call("z0", "h3")(fn, {"width": 0, "seed": 0}, None)
+    with pytest.raises(RuntimeError, match="as its seed twin z0: MemoryError: out of memory"):
+        scale.dry_call("z1", "h4")(fn, {"width": 0, "seed": 1}, None)
+    assert len(calls) == 3   # the twin of the failure was not built again
+    t = scale.cost_table(scale.PROBES)
+    assert t.set_index("run").loc["a1", "status"] == "ok: timed as a0 (same config but the seed)"
