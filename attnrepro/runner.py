@@ -260,7 +260,9 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
         failed = int(df["status"].astype(str).str.startswith("FAILED").sum()) if len(df) else 0
         caption = (f"**Dry-run cost** of {short} at the {profile} profile ({time.strftime('%Y-%m-%d')}, commit "
                    f"{git_commit(root)}, on {', '.join(devices) or 'no device: no run reached a training step'}): every "
-                   f"run built at its real size, one warm-up and {steps} timed optimiser step(s), two validation batches "
+                   f"run built at its real size, one warm-up and {steps} timed optimiser step(s) on one step's batches held "
+                   "in memory (the step alone: the data pipeline is not timed; 'loader s' is the loader's cold start for "
+                   "one step's batches, a warning where it dwarfs the step, not a throughput), two validation batches "
                    "(a run's 'fits' include any model it pre-trains on the way, e.g. a smoke teacher; a run that differs from an "
                    "earlier one only in its seeds is not built again and shows the earlier one's timing); "
                    "'train h' = step time x optimiser steps per epoch (the real training set over the recipe's batch) x "

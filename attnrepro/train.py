@@ -1206,6 +1206,17 @@ class _Take:
     @property
     def dataset(self): return self.loader.dataset
 
+class _Held(_Take):
+    """A dry run's loader: the first `k` batches (one optimiser step's worth) fetched once, then replayed for `n`
+    batches, so the timed steps are the step alone, not the data pipeline (synthetic stand-ins decode nothing, and a
+    few steps cannot warm real workers up); `load_s`: seconds the loader took to deliver those `k` batches, cold."""
+    def __init__(self, loader, n: int, k: int = 1):
+        super().__init__(loader, n)
+        t, it = time.perf_counter(), iter(loader)
+        self.batches = list(itertools.islice(it, max(1, min(k, self.n))))
+        self.load_s = time.perf_counter() - t
+    def __iter__(self): return (self.batches[i % len(self.batches)] for i in range(self.n))
+
 def _proc_kb(key: str) -> float | None:
     "A `/proc/self/status` field in kB (Linux), else None."
     try:
@@ -1235,7 +1246,8 @@ def _peak_mb(device: torch.device) -> float:
 
 def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_loader, val_data, steps: int, ckpt,
              evaluate_fn, record_correct: bool, n_params: dict) -> dict:
-    """`fit` in a dry run (`attnrepro.scale`): one warm-up and `steps` timed optimiser steps, two validation batches,
+    """`fit` in a dry run (`attnrepro.scale`): one warm-up and `steps` timed optimiser steps on batches held in memory
+    (the step alone; the loader's cold time for one step's batches is `load_s`), two validation batches,
     a probe with the projection of `recipe` (the run's own TrainConfig; `run.cfg` may hold a CPU-sized batch), and a
     result shaped like `fit`'s (its numbers meaningless). The checkpoint it leaves is marked `dry_run`: only weights."""
     cfg, dev = run.cfg, run.device
@@ -1243,15 +1255,15 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     mem_kind = _reset_peak(dev)
     stamps = []
     def on_step(it, sums): sync(); stamps.append(time.perf_counter())
+    held = _Held(train_loader, (1 + steps) * cfg.accum_steps, cfg.accum_steps)
     t0 = time.perf_counter()
-    row = dict(epoch=0, **train_one_epoch(run, _Take(train_loader, (1 + steps) * cfg.accum_steps), 0, progress=False,
-                                          on_step=on_step))
+    row = dict(epoch=0, **train_one_epoch(run, held, 0, progress=False, on_step=on_step))
     gaps = np.diff([t0] + stamps)
     times = gaps[1:] if len(gaps) > 1 else gaps   # the first step (allocations, kernel choice) is the warm-up
     peak, timed = _peak_mb(dev), float(np.median(times))
     eval_s, hits, vl = None, None, None
     if val_loader is not None:
-        vl = _Take(val_loader, 2)
+        vl = _Held(val_loader, 2)
         te = time.perf_counter()
         m = _eval(run.model, vl, val_data, dev, cfg, evaluate_fn, return_correct=record_correct)
         sync()
@@ -1274,7 +1286,7 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     probe = dict(method=run.method.name, device=str(dev), amp=recipe.amp, world_size=world,
                  device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
                  batch_recipe=recipe.batch_size, batch_timed=cfg.batch_size, accum_steps=recipe.accum_steps,
-                 steps_timed=len(times), step_s_timed=timed, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
+                 steps_timed=len(times), step_s_timed=timed, load_s=held.load_s, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
                  n_train=n_train, steps_per_epoch=spe, epochs=recipe.epochs, train_h=timed * scale * spe * recipe.epochs / 3600,
                  eval_s_batch=eval_s, n_val=n_val, n_evals=n_evals,
                  eval_h=(eval_s or 0.0) * scale * val_batches * n_evals * passes / 3600, n_params=n_params["n_params"])

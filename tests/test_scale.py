@@ -240,6 +240,22 @@ def test_synthetic_stand_in_and_dry_checkpoints(env, monkeypatch):
             None, TrainConfig(epochs=3, batch_size=64, warmup_epochs=0), ckpt_dir=env, progress=False)
 
 
+def test_dry_fit_times_the_step_on_held_batches(env, monkeypatch):
+    "The timed steps replay one step's batches held in memory: the loader serves those alone, its cold time recorded."
+    import torch
+    from attnrepro.train import TrainConfig, fit
+    served = []
+    class Counted(torch.utils.data.TensorDataset):
+        def __getitem__(self, i): served.append(i); return super().__getitem__(i)
+    tr = Counted(torch.randn(640, 3, 8, 8), torch.randint(0, 10, (640,)))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64, 10))
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "3")
+    p = fit(model, tr, None, TrainConfig(epochs=2, batch_size=8, accum_steps=2, warmup_epochs=0), ckpt_dir=env,
+            progress=False)["dry_run"]
+    assert len(served) == 2 * 8   # one optimiser step's two micro-batches, then replayed for 1 + 3 steps
+    assert p["steps_timed"] == 3 and p["load_s"] > 0 and p["step_s_timed"] > 0
+
+
 def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
     "The slurm path against stand-ins for sbatch / sacct / srun: the job script, markers, live and stale jobs, gathering."
     from attnrepro.report import train_record
