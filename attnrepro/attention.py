@@ -322,17 +322,23 @@ def require_vit(model: nn.Module, who: str, *, class_token: bool = False, single
 
 
 # %% ../nbs/02_attention.ipynb #5db18060
+def _has_submodule(model: nn.Module, name: str) -> bool:
+    try: model.get_submodule(name); return True
+    except AttributeError: return False
+
 class ModuleOutputs:
     """Context manager recording the outputs of the submodules named `layers` during one forward of `model` (forward
     hooks, removed on exit); `get()` -> dict name -> output, after checking that each ran exactly once."""
     def __init__(self, model: nn.Module, layers: str | Sequence[str], who: str = "ModuleOutputs"):
         self.names, self.who = list(dict.fromkeys([layers] if isinstance(layers, str) else layers)), who
-        modules = dict(model.named_modules())
-        unknown = [n for n in self.names if n not in modules]
-        if unknown:
-            hints = {n: difflib.get_close_matches(n, list(modules), n=5) for n in unknown}
-            raise KeyError(f"{type(model).__name__} has no submodules {unknown}; close matches: {hints}")
-        self._modules = [modules[n] for n in self.names]
+        self._modules = []
+        for n in self.names:   # get_submodule: a path walk, not a walk of every module (this runs every step)
+            try: self._modules.append(model.get_submodule(n))
+            except AttributeError:
+                unknown = [u for u in self.names if not _has_submodule(model, u)]
+                names = [k for k, _ in model.named_modules()]
+                hints = {u: difflib.get_close_matches(u, names, n=5) for u in unknown}
+                raise KeyError(f"{type(model).__name__} has no submodules {unknown}; close matches: {hints}") from None
         self.feats, self.calls, self._handles = {}, dict.fromkeys(self.names, 0), []
 
     def _tap(self, name: str):
