@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="set a notebook parameter (repeatable)")
     r.add_argument("--log-output", action="store_true", help="stream the notebooks' output (runs, progress, claims)")
     r.add_argument("--device", help="train on this torch device (cpu, cuda, cuda:N; default: cuda when available)")
+    r.add_argument("--max-device-batch", type=int, metavar="N", help="at most N images per process at once: a larger "
+                   "recipe batch is split into accumulated micro-batches (same images per step and lr; recorded in "
+                   "each run as accum_steps)")
     g = r.add_argument_group("grids of runs on several processes or a cluster (submitit; attnrepro.scale)")
     g.add_argument("--executor", choices=EXECUTORS, help="where a grid's missing runs train: serial (this process, in "
                    "order; default), local (separate processes on this machine, one per GPU or --local-jobs), slurm "
@@ -99,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
                 logging.basicConfig(format="%(message)s")
                 logging.getLogger("papermill").setLevel(logging.INFO)
             if args.device: os.environ["ATTNREPRO_DEVICE"] = args.device   # the notebooks' kernels inherit it
+            if args.max_device_batch is not None:
+                if args.max_device_batch < 1: raise ValueError(f"--max-device-batch {args.max_device_batch}: give an integer >= 1")
+                os.environ["ATTNREPRO_MAX_DEVICE_BATCH"] = str(args.max_device_batch)
             if args.dry_run: return _dry_run(args)
             from attnrepro.runner import _kernel_env
             with _kernel_env(**_scale_env(args)):   # the notebooks' kernels inherit it; restored afterwards

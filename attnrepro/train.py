@@ -33,7 +33,7 @@ __all__ = ['Schedule', 'TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'Loss
            'execute_teacher_passes', 'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS',
            'param_groups', 'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed',
            'ShardSampler', 'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
-           'load_checkpoint', 'fit']
+           'load_checkpoint', 'max_device_batch', 'fit']
 
 # %% ../nbs/06_train.ipynb #f8d9c0c6
 Schedule = Callable[[int], float]
@@ -555,15 +555,27 @@ class TrainConfig:
     @property
     def mixing(self) -> bool: return self.mixup > 0 or self.cutmix > 0
 
-    def per_process(self, world_size: int = 1) -> "TrainConfig":
-        "This config with `batch_size` per process derived from `global_batch_size` for `world_size` processes (else itself)."
-        if self.global_batch_size is None: return self
-        per, rest = divmod(self.global_batch_size, world_size * self.accum_steps)
-        if rest or per < 1:
-            raise ValueError(f"TrainConfig.global_batch_size={self.global_batch_size} does not split over {world_size} "
-                             f"process(es) x accum_steps={self.accum_steps}: choose a process count and accum_steps whose "
-                             f"product divides it")
-        return dataclasses.replace(self, batch_size=per)
+    def per_process(self, world_size: int = 1, max_batch: int | None = None) -> "TrainConfig":
+        """This config with `batch_size` per process derived from `global_batch_size` for `world_size` processes (else
+        itself); with `max_batch`, a per-process batch above it is split into more accumulated micro-batches (the
+        fewest that fit, even under Mixup), so the images per optimiser step, and the lr, stay the recipe's."""
+        cfg = self
+        if self.global_batch_size is not None:
+            per, rest = divmod(self.global_batch_size, world_size * self.accum_steps)
+            if rest or per < 1:
+                raise ValueError(f"TrainConfig.global_batch_size={self.global_batch_size} does not split over {world_size} "
+                                 f"process(es) x accum_steps={self.accum_steps}: choose a process count and accum_steps "
+                                 f"whose product divides it")
+            cfg = dataclasses.replace(self, batch_size=per)
+        if max_batch is None or cfg.batch_size <= max_batch: return cfg
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < (2 if cfg.mixing else 1):
+            raise ValueError(f"max_batch={max_batch!r} must be an integer >= {2 if cfg.mixing else 1} (images one "
+                             "process puts through the model at once)")
+        total = cfg.batch_size * cfg.accum_steps   # images per process per optimiser step
+        # always found: k = total (micro-batches of 1), or total / 2 under Mixup (its batches are even: checked above)
+        k = next(k for k in range(cfg.accum_steps, total + 1) if total % k == 0 and total // k <= max_batch
+                 and not (cfg.mixing and (total // k) % 2))
+        return dataclasses.replace(cfg, batch_size=total // k, accum_steps=k)
 
     def global_batch(self, world_size: int = 1) -> int:
         "Images per optimiser step: `batch_size` (per process) x `world_size` x `accum_steps`."
@@ -990,6 +1002,16 @@ def _gather_rng(gen, mixup) -> list:
     return out
 
 # %% ../nbs/06_train.ipynb #d66e45ac
+def max_device_batch() -> int | None:
+    """The most images one process puts through the model at once (`$ATTNREPRO_MAX_DEVICE_BATCH`, set by
+    `attnrepro reproduce --max-device-batch`; unset: no cap): a larger recipe batch accumulates micro-batches."""
+    raw = os.environ.get("ATTNREPRO_MAX_DEVICE_BATCH", "").strip()
+    if not raw: return None
+    try: n = int(raw)
+    except ValueError: n = 0
+    if n < 1: raise ValueError(f"ATTNREPRO_MAX_DEVICE_BATCH={raw!r} must be an integer >= 1 (or unset: no cap)")
+    return n
+
 def _resolve_device(device) -> torch.device:
     "`device`, else `$ATTNREPRO_DEVICE` (set by `attnrepro reproduce --device`), else CUDA when available, else CPU."
     device = device if device is not None else os.environ.get("ATTNREPRO_DEVICE") or None
@@ -1054,7 +1076,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             torch.backends.cudnn.benchmark = False
         rank, world = _rank(), _world()
         device = _resolve_device(device)
-        cfg = cfg.per_process(world)   # a recipe's global batch split over this run's processes
+        cfg = cfg.per_process(world, max_device_batch())   # the recipe's batch over processes (and micro-batches)
         # a dry run (attnrepro.scale): a few timed steps, then a projection of the whole recipe; a CPU times a small batch
         dry, recipe = dry_run_steps(), cfg
         if (dry and device.type == "cpu" and cfg.batch_size > dry_run_cpu_batch()

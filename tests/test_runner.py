@@ -114,6 +114,7 @@ def test_cli_errors_list_valid_choices():
                        capture_output=True, text=True)
     assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr and "'smoke', 'mini', 'paper'" in r.stderr
     assert main(["reproduce", "--paper", "nope"]) == 2
+    assert main(["reproduce", "--paper", "aal", "--max-device-batch", "0"]) == 2   # named before any notebook starts
     with pytest.raises(SystemExit):
         main(["reproduce", "--param", "novalue"])
 

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from attnrepro.core import config_hash, resumed_time
 from attnrepro.train import (CKPT_NAME, LARS, LossTerm, Method, NonFiniteLossError, TrainConfig, assign_grads,
-                             ce_term, constant, cosine_lr, evaluate, fit, load_checkpoint, project_conflicting,
+                             ce_term, constant, cosine_lr, evaluate, fit, load_checkpoint, max_device_batch,
+                             project_conflicting,
                              term_grads, topk_correct)
 from attnrepro.verdicts import unpack_correct
 
@@ -470,6 +471,32 @@ def test_accumulation_short_last_group_and_schedule():
     # the lr of the last step: the schedule counts 2 optimiser steps per epoch, not 6 batches
     assert r_acc["history"][0]["lr"] == r_ref["history"][0]["lr"] == cosine_lr(1, 2, 1, 0.0, 0.1, 1e-6)
     for k, v in ref.state_dict().items(): assert torch.allclose(acc.state_dict()[k], v, rtol=1e-5, atol=1e-6), k
+
+
+def test_max_device_batch_splits_the_step_into_micro_batches(monkeypatch, tmp_path):
+    "A cap on images per process at once: the fewest micro-batches that fit, even under Mixup; same images per step and lr."
+    g = TrainConfig(global_batch_size=64, lr=1e-3, lr_scale_batch=256)
+    assert (g.per_process(1, 16).batch_size, g.per_process(1, 16).accum_steps) == (16, 4)
+    assert (g.per_process(2, 16).batch_size, g.per_process(2, 16).accum_steps) == (16, 2)
+    assert g.per_process(1, 64) == g.per_process(1) and g.per_process(1, 16).effective_lr() == g.per_process(1).effective_lr()
+    assert (lambda c: (c.batch_size, c.accum_steps))(TrainConfig(batch_size=24).per_process(1, 10)) == (8, 3)
+    assert (lambda c: (c.batch_size, c.accum_steps))(TrainConfig(batch_size=6, mixup=0.8).per_process(1, 4)) == (2, 3)
+    assert (lambda c: (c.batch_size, c.accum_steps))(TrainConfig(batch_size=12, accum_steps=2).per_process(1, 5)) == (4, 6)
+    with pytest.raises(ValueError, match="max_batch=1 must be an integer >= 2"):
+        TrainConfig(batch_size=6, mixup=0.8).per_process(1, 1)
+    assert (lambda c: (c.batch_size, c.accum_steps))(TrainConfig(batch_size=10, mixup=0.8).per_process(1, 3)) == (2, 5)
+    monkeypatch.setenv("ATTNREPRO_MAX_DEVICE_BATCH", "lots")
+    with pytest.raises(ValueError, match="ATTNREPRO_MAX_DEVICE_BATCH='lots' must be an integer >= 1"):
+        max_device_batch()
+    # fit under the cap trains exactly as the recipe written with those micro-batches
+    monkeypatch.setenv("ATTNREPRO_MAX_DEVICE_BATCH", "8")
+    a, b = tiny_vit(), tiny_vit()
+    capped = _sgd_fit(a, toy_data(96), 32, 1, tmp_path / "capped")
+    monkeypatch.delenv("ATTNREPRO_MAX_DEVICE_BATCH")
+    explicit = _sgd_fit(b, toy_data(96), 8, 4, tmp_path / "explicit")
+    assert (capped["accum_steps"], capped["global_batch"], capped["steps"]) == (4, 32, 3)
+    assert capped["history"][0]["loss"] == explicit["history"][0]["loss"]
+    for k, v in a.state_dict().items(): assert torch.equal(b.state_dict()[k], v), k
 
 
 def test_accumulation_result_fields_and_lr_scaling():
