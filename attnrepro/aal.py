@@ -34,7 +34,8 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'claim_localises_better', 'frozen_teacher', 'teacher_stats', 'label_teacher', 'run_datasets',
            'lambda_gammas', 'load_backbone_', 'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist',
            'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config', 'describe_regime',
-           'arch_counts_run', 'step_time_run']
+           'arch_counts_run', 'step_time_run', 'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves',
+           'plot_link_magnitudes', 'plot_link_evolution', 'plot_attention_examples']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -993,3 +994,157 @@ def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> di
     out["threads"] = torch.get_num_threads()
     out["load1"] = os.getloadavg()[0]
     return out
+
+# %% ../nbs/12_aal.ipynb #c9c4f79a
+from .core import config_hash
+
+def link_ranges(row) -> str:
+    "1-based linked layers of one link-mask row as 'a-b, c' ranges ('none' when the row links nothing)."
+    idx = [i + 1 for i, v in enumerate(row) if v]
+    if not idx: return "none"
+    out, start, prev = [], idx[0], idx[0]
+    for i in idx[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i; continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        if i is not None: start = prev = i
+    return ", ".join(out)
+
+def maxboxacc_rows(name: str, w: Mapping) -> list[dict]:
+    "Table C's rows of one model from its `wsol_probe` scores: IoU 0.3, 0.5 and the means over [0.3, 0.5] and [0.3, 0.5, 0.7]."
+    return [dict(iou_threshold="0.3", method=name, maxboxacc=w["iou30"]), dict(iou_threshold="0.5", method=name, maxboxacc=w["iou50"]),
+            dict(iou_threshold="[0.3, 0.5]", method=name, maxboxacc=(w["iou30"] + w["iou50"]) / 2),
+            dict(iou_threshold="[0.3, 0.5, 0.7]", method=name, maxboxacc=(w["iou30"] + w["iou50"] + w["iou70"]) / 3)]
+
+class LinkSweep:
+    """The data-fraction sweep of the paper notebook (Tables 2, 3 and E, Figures 2-3, the pilot): configs by fraction,
+    arm and seed of `recipe` (a profile), each fraction's seeds run as one grid through `run_all([(config, name), ...])
+    -> [result, ...]` (the notebook's cached, possibly scaled-out runs)."""
+    def __init__(self, recipe: Mapping, run_all: Callable[[list], list]):
+        self.recipe, self.run_all, self.spec = recipe, run_all, recipe["sweep"]
+        self.fractions = sorted(int(f) for f in self.spec["fractions"])
+
+    def seeds(self, f: int, arm: str) -> list:
+        "Seeds of one arm at one fraction: `arm_seeds`, else `fraction_seeds`, else the headline `seeds`."
+        sw = self.spec
+        return sw.get("arm_seeds", {}).get(arm, {}).get(f) or sw.get("fraction_seeds", {}).get(f) or self.recipe["seeds"]
+
+    def config(self, f: int, method: Mapping, arch: Mapping, seed: int, arm: str, recipe: Mapping | None = None) -> dict:
+        "The run config of `arm` at fraction `f` (of `recipe`, default this sweep's); the curve arms evaluate every epoch."
+        q = recipe or self.recipe
+        c = q["sweep"]["curve"]
+        return regime_config(q, q["sweep"]["fractions"][f], method, arch, seed, curve=f == c["fraction"] and arm in c["arms"])
+
+    def table3_config(self, f: int, method: Mapping, arch: Mapping, seed: int) -> dict:
+        "Table 3's own regime at `f` where the profile gives one (paper: batch 1024), else the sweep's AAL config."
+        t3 = self.recipe.get("table3", {}).get("fractions", {})
+        return regime_config(self.recipe, t3[f], method, arch, seed) if f in t3 else self.config(f, method, arch, seed, "aal")
+
+    def by_fraction(self, make: Callable[[int, int], tuple], arm: str) -> dict:
+        "fraction -> [result per seed of `arm`] of `make(f, seed) -> (config, name)`, run as one grid."
+        keys = [(f, s) for f in self.fractions for s in self.seeds(f, arm)]
+        out = {f: [] for f in self.fractions}
+        for (f, s), r in zip(keys, self.run_all([make(f, s) for f, s in keys])): out[f].append(r)
+        return out
+
+    def arm(self, arm: str, method: Mapping, arch: Mapping) -> dict:
+        "fraction -> [result per seed] of one arm of the sweep, its runs named `<arm>_<fraction>_seed<seed>`."
+        return self.by_fraction(lambda f, s: (self.config(f, method, arch, s, arm), f"{arm}_{f}_seed{s}"), arm)
+
+    def check_reuse(self, mini: Mapping, ce_method: Mapping) -> None:
+        "The mini profile's `sweep.reuse` (the pilot's CE runs) still hash to the runs it names, as this sweep builds them."
+        for r in mini["sweep"].get("reuse", []):
+            if r["arm"] != "ce":
+                raise ValueError(f"sweep.reuse lists {r['arm']!r} runs; only the pilot's CE runs are reusable")
+            got = [config_hash(self.config(r["fraction"], ce_method, mini[mini["sweep"]["student"]], s, "ce", mini))
+                   for s in r["seeds"]]
+            if got != r["hashes"]:
+                raise ValueError(f"mini's CE configs at {r['fraction']} % no longer hash to the pilot's runs: {got} vs "
+                                 f"{r['hashes']}")
+
+
+# %% ../nbs/12_aal.ipynb #36c892a5
+def plot_learning_curves(curves: Mapping[str, list], target: float, title: str, skip: Sequence[str] = ()):
+    "Figure 3: mean test top-1 per evaluated epoch of each arm's runs (each seed thin beside it) and the target line."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4.6, 3.2))
+    for k, rs in curves.items():
+        if k in skip: continue
+        ep = [c["epoch"] for c in rs[0]["curve"]]
+        ys = np.array([[c["top1"] for c in r["curve"]] for r in rs])
+        line, = ax.plot(ep, ys.mean(0), marker="o", ms=3, label=f"{k} ({len(rs)} seed{'s' if len(rs) > 1 else ''})")
+        for y in ys if len(rs) > 1 else []: ax.plot(ep, y, color=line.get_color(), lw=0.5, alpha=0.4)
+    ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target:.1f} %")
+    ax.set_xlabel("epoch"); ax.set_ylabel("test top-1 (%)"); ax.legend(fontsize=6)
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+def _link_axes(ax, m, fontsize):
+    ax.set_xticks(range(1, m.shape[-1] + 1)); ax.set_yticks(range(1, m.shape[-2] + 1))
+    ax.set_xlabel("ViT layer", fontsize=fontsize)
+
+def plot_link_magnitudes(heat: Mapping[str, np.ndarray], run: Mapping, theta_l: float, which: str):
+    """Figure 2: mean |link| per (CNN block, ViT layer) of each map in `heat`, and the |w| histogram of one full-link
+    `run` at init vs trained against Algorithm 1's cut (`which`: what that run is, e.g. '5 %, seed 0')."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(heat) + 1, figsize=(3.2 * (len(heat) + 1), 3.0))
+    for ax, (k, m) in zip(axes, heat.items()):
+        im = ax.imshow(m, cmap="viridis", aspect="auto", origin="lower", extent=(0.5, m.shape[1] + 0.5, 0.5, m.shape[0] + 0.5))
+        ax.set_title(k, fontsize=7); ax.tick_params(labelsize=7)
+        _link_axes(ax, m, 8)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    axes[0].set_ylabel("CNN block", fontsize=8)
+    h = run["link_abs_hist"]
+    mid = (np.array(h["edges"][1:]) + np.array(h["edges"][:-1])) / 2
+    for key, ls in (("init", "--"), ("trained", "-")):
+        axes[-1].step(mid, h[key], where="mid", ls=ls,
+                      label=f"{key}: mean |w| {np.mean(run['links_init' if key == 'init' else 'links']):.3f}")
+    axes[-1].axvline(theta_l * h["edges"][-1], color="red", lw=0.8, label=f"Algorithm 1 cut: {theta_l} x max |w|")
+    axes[-1].set_xlabel("|w| (one link)", fontsize=8); axes[-1].set_ylabel("links", fontsize=8); axes[-1].tick_params(labelsize=7)
+    axes[-1].set_title(f"|w| at init vs trained ({which})", fontsize=7); axes[-1].legend(fontsize=6)
+    fig.suptitle("Figure 2: mean |link| per (CNN block, ViT layer), and the links against their initialisation")
+    fig.tight_layout()
+    return fig
+
+def plot_link_evolution(run: Mapping, title: str):
+    "Figure B: a full-link run's link magnitudes at up to 4 epochs of its `link_history`, and each layer's mean over epochs."
+    import matplotlib.pyplot as plt
+    hist = np.array(run["link_history"])   # (epochs, blocks, layers)
+    show = sorted(set(np.linspace(0, len(hist) - 1, min(4, len(hist))).round().astype(int).tolist()))
+    fig, axes = plt.subplots(1, len(show) + 1, figsize=(2.6 * (len(show) + 1), 2.8), squeeze=False)
+    axes = axes[0]
+    vmax = float(hist.max())
+    for ax, e in zip(axes, show):
+        ax.imshow(hist[e], cmap="viridis", vmin=0, vmax=vmax, aspect="auto", origin="lower",
+                  extent=(0.5, hist.shape[2] + 0.5, 0.5, hist.shape[1] + 0.5))
+        ax.set_title(f"epoch {e + 1}", fontsize=8); ax.tick_params(labelsize=6)
+        _link_axes(ax, hist[e], 7)
+    axes[0].set_ylabel("CNN block", fontsize=7)
+    per_layer = hist.mean(1)   # (epochs, layers)
+    for l in range(per_layer.shape[1]):
+        axes[-1].plot(np.arange(1, len(per_layer) + 1), per_layer[:, l], marker="o", ms=2, label=f"layer {l + 1}")
+    axes[-1].axhline(np.mean(run["links_init"]), color="grey", ls="--", lw=0.8, label="init")
+    axes[-1].set_xlabel("epoch", fontsize=7); axes[-1].set_title("mean over blocks", fontsize=8)
+    axes[-1].legend(fontsize=5); axes[-1].tick_params(labelsize=6)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+def plot_attention_examples(images: Sequence[torch.Tensor], panels: Sequence[tuple[str, Sequence]], title: str):
+    "Figure A: normalised (3, H, W) `images` in the first row, then one row per (label, maps) panel."
+    import matplotlib.pyplot as plt
+    mean_t, std_t = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    fig, axes = plt.subplots(1 + len(panels), len(images), figsize=(1.3 * len(images), 1.4 * (1 + len(panels))), squeeze=False)
+    for j, x in enumerate(images):
+        axes[0][j].imshow((x * std_t + mean_t).clamp(0, 1).permute(1, 2, 0).numpy())
+        for r, (_, maps) in enumerate(panels): axes[r + 1][j].imshow(np.array(maps[j]), cmap="inferno")
+    for i, lab in enumerate(["(a) image"] + [lab for lab, _ in panels]):
+        axes[i][0].set_ylabel(lab, fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([]); ax.set_yticks([])
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+

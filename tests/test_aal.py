@@ -1,4 +1,5 @@
 """AAL (Jin & Choi): Eq. 3 maps, attention links (Eq. 4), loss (Eq. 5), lambda schedule, link masks, Algorithm 1, method."""
+import copy
 import json
 import math
 
@@ -520,3 +521,53 @@ def test_restrict_to_classes():
     net.teacher_cfg = dict(num_classes=1000, dataset="imagenet-1k")
     sub = restrict_to_classes(net, classes)
     assert isinstance(sub, ClassSubset) and sub.index == [1, 0] and not sub.training
+
+
+def test_link_sweep_seeds_configs_grids_and_reuse_check():
+    "The notebook's sweep: seed fallbacks, configs that evaluate every epoch only for the curve arms, one grid per arm."
+    from attnrepro.aal import CE_SPEC, LinkSweep, regime_config
+    from attnrepro.core import config_hash
+    P = load_profile("aal", "smoke")
+    grids = []
+    def run_all(items):
+        grids.append([name for _, name in items])
+        return [dict(name=name, hash=config_hash(c)) for c, name in items]
+    sw = LinkSweep(P, run_all)
+    assert sw.fractions == sorted(int(f) for f in P["sweep"]["fractions"])
+    f, arm_ = sw.fractions[0], "ce"
+    assert sw.seeds(f, arm_) == (P["sweep"].get("arm_seeds", {}).get(arm_, {}).get(f)
+                                 or P["sweep"].get("fraction_seeds", {}).get(f) or P["seeds"])
+    st = P[P["sweep"]["student"]]
+    c = P["sweep"]["curve"]
+    curve_arm = c["arms"][0]
+    assert sw.config(c["fraction"], CE_SPEC, st, 0, curve_arm) == regime_config(
+        P, P["sweep"]["fractions"][c["fraction"]], CE_SPEC, st, 0, curve=True)
+    out = sw.arm(arm_, CE_SPEC, st)
+    assert len(grids) == 1 and list(out) == sw.fractions   # every fraction's seeds in one grid, in order
+    assert grids[0] == [f"{arm_}_{f}_seed{s}" for f in sw.fractions for s in sw.seeds(f, arm_)]
+    assert sw.table3_config(f, CE_SPEC, st, 1) == sw.config(f, CE_SPEC, st, 1, "aal") or "table3" in P
+    mini = load_profile("aal", "mini")
+    sw.check_reuse(mini, CE_SPEC)   # the committed pilot CE runs still hash as the mini sweep builds them
+    bad = copy.deepcopy(mini)
+    bad["sweep"]["reuse"][0]["hashes"] = ["0" * 16] * len(bad["sweep"]["reuse"][0]["seeds"])
+    with pytest.raises(ValueError, match="no longer hash to the pilot's runs"):
+        sw.check_reuse(bad, CE_SPEC)
+
+
+def test_link_figures_draw_from_run_results():
+    "Figures 2, 3, A and B from result-shaped dicts: the panels the notebook expects."
+    from attnrepro.aal import plot_attention_examples, plot_learning_curves, plot_link_evolution, plot_link_magnitudes
+    rng = np.random.default_rng(0)
+    run = dict(links=rng.random((3, 4)).tolist(), links_init=rng.random((3, 4)).tolist(),
+               link_history=rng.random((5, 3, 4)).tolist(),
+               link_abs_hist=dict(edges=np.linspace(0, 1, 11).tolist(), init=[1] * 10, trained=[2] * 10))
+    fig = plot_link_magnitudes({"a": np.ones((3, 4)), "b": np.zeros((3, 4))}, run, 0.1, "5 %, seed 0")
+    assert len(fig.axes) == 3 + 2 and "seed 0" in fig.axes[2].get_title()   # 2 maps, their colorbars, the histogram
+    fig = plot_link_evolution(run, "B")
+    assert [a.get_title() for a in fig.axes[:4]] == ["epoch 1", "epoch 2", "epoch 4", "epoch 5"]
+    curve = lambda ys: dict(curve=[dict(epoch=e + 1, top1=y) for e, y in enumerate(ys)])
+    fig = plot_learning_curves({"AAL": [curve([1, 2]), curve([2, 3])], "skip": [curve([0, 0])]}, 2.5, "3", skip=["skip"])
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["AAL (2 seeds)", "target 2.5 %"]
+    fig = plot_attention_examples([torch.zeros(3, 8, 8)] * 2, [("(c) AAL", [np.ones((4, 4))] * 2)], "A")
+    assert len(fig.axes) == 4 and fig.axes[0].get_ylabel() == "(a) image"
