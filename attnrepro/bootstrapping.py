@@ -28,7 +28,8 @@ __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'CNN_TIMM',
            'visualize', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
            'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
            'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
-           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce']
+           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity',
+           'plot_layer_removal', 'plot_viz_rows']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -826,3 +827,72 @@ def claim_gain_larger_when_scarce(scratch: dict, joint: dict) -> Verdict:
                      greater(contrast([(1, joint[f]), (-1, scratch[f]), (-1, joint[top]), (1, scratch[top])],
                                       f"gain at {f:g} % - gain at {top:g} %")))
     return _all_of(parts)
+
+# %% ../nbs/13_bootstrapping.ipynb #92b765ba
+from .data import IMAGENET_MEAN, IMAGENET_STD
+
+def plot_learning_curves(panels: Sequence[tuple[str, Sequence[tuple[str, Mapping, str]]]], figsize=(11, 3.0)):
+    "Figure 5: one panel per (title, [(label, result, who)]), each line top-1 per evaluated epoch of `result['curve']`'s `who`."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(panels), figsize=figsize)
+    for ax, (title, lines) in zip(axes, panels):
+        for label, res, who in lines:
+            c = res["curve"]
+            ax.plot([p["epoch"] for p in c], [p[who] for p in c], marker="o", ms=3, label=label)
+        ax.set_title(title, fontsize=9)
+    for ax in axes:
+        ax.set_xlabel("epoch", fontsize=8); ax.tick_params(labelsize=7); ax.legend(fontsize=6)
+    axes[0].set_ylabel("top-1 (%, curve subset)", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    return fig
+
+def plot_sensitivity(sens: Mapping[str, Mapping[float, Mapping]], title: str):
+    "Figure 6: ViT and agent top-1 against each swept hyper-parameter {name: {value: Joint result}} (log2 x axis)."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(sens), figsize=(9, 2.8), sharey=True)
+    for ax, (name, pts) in zip(axes, sens.items()):
+        xs = sorted(pts)
+        ax.plot(xs, [pts[x]["top1"] for x in xs], "o-", label="ViT")
+        ax.plot(xs, [pts[x]["agent_top1"] for x in xs], "s--", label="agent")
+        ax.set_xscale("log", base=2); ax.set_xticks(xs); ax.set_xticklabels([f"{x:g}" for x in xs], fontsize=7)
+        ax.set_xlabel(name, fontsize=9); ax.tick_params(labelsize=7)
+    axes[0].set_ylabel("top-1 (%)", fontsize=8); axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+def plot_layer_removal(delta: Sequence[float], title: str):
+    "Figure 7: the top-1 change when block l's supervision is removed, against its relative depth (l + 1) / depth."
+    import matplotlib.pyplot as plt
+    depth = len(delta)
+    fig, ax = plt.subplots(figsize=(4.2, 2.8))
+    ax.bar([f"{(l + 1) / depth:.2f}" for l in range(depth)], delta, color=["C3" if d < 0 else "C2" for d in delta])
+    ax.axhline(0, ls="--", c="k", lw=0.8)
+    ax.set_xlabel("relative depth of the removed supervision", fontsize=8); ax.set_ylabel("top-1 change (points)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    return fig
+
+def _norm01(a):
+    a = np.asarray(a, dtype=float); lo, hi = a.min(), a.max()
+    return (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+
+def plot_viz_rows(image: torch.Tensor, rows: Sequence[tuple[str, Mapping, str]], k: int, n_cols: int, title: str, *,
+                  cmap: str, row_height: float, top: float, normalise: bool = False):
+    """Tables 8-11: per (label, viz, key) row the normalised (3, H, W) `image`, then image `k`'s map `viz[key][c][k]` of
+    each layer in `viz['layers']` (`normalise`: each map to [0, 1], as the paper shows feature norms)."""
+    import matplotlib.pyplot as plt
+    x = (image * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]).clamp(0, 1)
+    fig, axes = plt.subplots(len(rows), n_cols + 1, figsize=(1.9 * (n_cols + 1), row_height * len(rows)), squeeze=False)
+    for r, (label, v, key) in enumerate(rows):
+        axes[r][0].imshow(x.permute(1, 2, 0).numpy()); axes[r][0].set_xticks([]); axes[r][0].set_yticks([])
+        axes[r][0].set_ylabel(label, fontsize=8)
+        for c, l in enumerate(v["layers"]):
+            m = np.asarray(v[key][c])[k]
+            axes[r][c + 1].imshow(_norm01(m) if normalise else m, cmap=cmap)
+            axes[r][c + 1].set_title(f"layer {l}", fontsize=8); axes[r][c + 1].set_xticks([]); axes[r][c + 1].set_yticks([])
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, top))
+    return fig
+

@@ -488,3 +488,22 @@ def test_paper_profile_keeps_the_official_batch_and_loss_weights():
         assert w["w_hint"] == off["hint_vit"] and w["T"] == off["kd_temp"], key
         assert off["hint_cnn"] == 0 and [k for k in w if "hint" in k] == ["w_hint"]   # no agent-side hint term
         assert w["w_hint"] / w["w_kd"] == 10   # beta (feature) / alpha (KD): the official ratio, Eq. 9's inverse
+
+
+def test_paper_figures_draw_from_run_results():
+    "Figures 5-7 and Tables 8-11's panels from result-shaped dicts."
+    import numpy as np
+    from attnrepro.bootstrapping import plot_layer_removal, plot_learning_curves, plot_sensitivity, plot_viz_rows
+    res = dict(curve=[dict(epoch=1, vit=10.0, agent=12.0), dict(epoch=2, vit=20.0, agent=18.0)])
+    fig = plot_learning_curves([("(a)", [("ViT", res, "vit"), ("agent", res, "agent")]), ("(b)", [("ViT", res, "vit")])])
+    assert [a.get_title() for a in fig.axes] == ["(a)", "(b)"] and len(fig.axes[0].lines) == 2
+    pts = {1.0: dict(top1=1.0, agent_top1=2.0), 4.0: dict(top1=3.0, agent_top1=1.0)}
+    fig = plot_sensitivity({"alpha": pts, "T": pts}, "6")
+    assert [a.get_xlabel() for a in fig.axes] == ["alpha", "T"]
+    fig = plot_layer_removal([-1.0, 0.5, 0.2], "7")
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["0.33", "0.67", "1.00"]
+    viz = dict(layers=[1, 3], attn=[np.ones((2, 4, 4)), np.zeros((2, 4, 4))])
+    fig = plot_viz_rows(torch.zeros(3, 8, 8), [("ViT", viz, "attn")], 1, 2, "8", cmap="viridis", row_height=1.9, top=0.92,
+                        normalise=True)
+    assert len(fig.axes) == 3 and fig.axes[2].get_title() == "layer 3" and fig.axes[0].get_ylabel() == "ViT"
+    assert float(fig.axes[1].images[0].get_array().max()) == 0.0   # a constant map normalises to zeros
