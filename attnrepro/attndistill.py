@@ -26,7 +26,8 @@ __all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAI
            'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config',
            'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes',
            'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows', 'attndistill_claims',
-           'reported_getter', 'reported_claims', 'loss_shares']
+           'reported_getter', 'reported_claims', 'loss_shares', 'config_row', 'position_embedding_kind',
+           'mae_curve_run', 'plot_teacher_vs_students', 'plot_mae_curves', 'plot_sweeps', 'plot_cls_attention']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -659,3 +660,116 @@ def loss_shares(losses: dict, attn_weight: float, epoch: int = -1) -> dict:
     feat = float(losses["loss_feat"][epoch]) if "loss_feat" in losses else 0.0
     return dict(attn_raw=raw, attn_weighted=attn_weight * raw, feat=feat,
                 attn_share=attn_weight * raw / total if total else float("nan"))
+
+# %% ../nbs/16_attndistill.ipynb #d3c4de4c
+from .data import IMAGENET_MEAN, IMAGENET_STD
+from .pretrain import MAE, MAEMethod, encoder_config, sincos_pos_embed
+
+def config_row(kw: Mapping, img: int) -> dict:
+    "Layers, dim, heads, patch, tokens and parameters (millions) of a `create_student` ViT at `img` px (Table 7)."
+    d = describe_model(create_student("vit", img_size=img, num_classes=0, **kw))
+    return dict(layers=d["depth"], dim=d["embed_dim"], heads=d["heads"], patch_size=d["patch"], num_tokens=d["tokens"],
+                params_m=round(d["params"] / 1e6, 2))
+
+def position_embedding_kind(model: nn.Module, kw: Mapping) -> str:
+    "Our model's position embedding: create_student's `pos_embed`, or MAE's fixed sin-cos table found in a teacher."
+    if kw.get("pos_embed") == "sincos": return "sin-cos"
+    g = describe_model(model)["grid"]
+    pe = model.pos_embed.detach().float()[0].cpu()
+    mae = sincos_pos_embed(pe.shape[1], g[0]) if g[0] == g[1] else None
+    return "sin-cos (MAE)" if mae is not None and mae.shape == pe.shape and torch.allclose(pe, mae, atol=1e-3) else "learnable"
+
+def mae_curve_run(config: Mapping, ckpt_dir, *, img_size: int, train_aug, train_eval, val_eval, quality: Callable,
+                  progress: bool = True) -> dict:
+    """Figure 7's run: MAE pre-training of the encoder `config['arch']` on `train_aug`, its CLS features probed (`quality`:
+    linear probe and 20-NN on `train_eval` -> `val_eval`) at every evaluation. Returns the curve and the training time."""
+    torch.manual_seed(0)
+    enc = create_student(**encoder_config(dict(config["arch"], img_size=img_size), num_classes=0))
+    mae = MAE(enc, **config["mae"])
+    def evaluate_fn(model, loader, device):
+        e = model.encoder
+        ftr, ytr = cls_features(e, train_eval); fva, yva = cls_features(e, val_eval)
+        q = quality(ftr, fva, ytr, yva)
+        return {"lp_top1": q["lp_top1"], "knn20_top1": q["knn20_top1"]}
+    cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": 0})
+    res = fit(mae, train_aug, val_eval, cfg, MAEMethod(log_every=10), ckpt_dir=ckpt_dir, progress=progress,
+              evaluate_fn=evaluate_fn)
+    curve = [dict(epoch=r["epoch"] + 1, lp_top1=r["val_lp_top1"], knn20_top1=r["val_knn20_top1"], loss=r["loss"])
+             for r in res["history"] if "val_lp_top1" in r]
+    return dict(curve=curve, train_s=res["wall_time_s"])
+
+
+# %% ../nbs/16_attndistill.ipynb #1905f13b
+def plot_teacher_vs_students(summary: pd.DataFrame):
+    "Figure 6: linear-probe and 20-NN top-1 of the teacher and the two students (rows of `summary`: mean and std columns)."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3))
+    labels = ["teacher", "student PA", "student AttnDistill"]
+    lp = [summary["lp_top1 mean"][i] for i in range(3)]; kn = [summary["knn20_top1 mean"][i] for i in range(3)]
+    xs = np.arange(3)
+    ax.bar(xs - 0.2, lp, 0.4, label="linear probe", yerr=summary["lp_top1 std"].fillna(0), capsize=3)
+    ax.bar(xs + 0.2, kn, 0.4, label="k-NN (k=20)", yerr=summary["knn20_top1 std"].fillna(0), capsize=3)
+    ax.set_xticks(xs, labels, fontsize=8); ax.set_ylabel("top-1 (%)"); ax.legend(fontsize=7)
+    ax.set_title("Figure 6: teacher vs students", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+def plot_mae_curves(curves: Mapping[str, Mapping], archs: Mapping[str, Mapping]):
+    "Figure 7: linear-probe and 20-NN top-1 over MAE pre-training of each size {who: mae_curve_run result}."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4.5, 3))
+    for who, c in curves.items():
+        d = pd.DataFrame(c["curve"])
+        ax.plot(d.epoch, d.lp_top1, "o-", label=f"{who}-size ({archs[who]['embed_dim']}-d) LP")
+        ax.plot(d.epoch, d.knn20_top1, "s--", label=f"{who}-size k-NN", alpha=0.7)
+    ax.set_xlabel("MAE epoch"); ax.set_ylabel("top-1 (%)"); ax.legend(fontsize=7)
+    ax.set_title("Figure 7: MAE pre-training", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+def plot_sweeps(studies: Sequence[tuple[str, pd.DataFrame, float]], sd: float | None, profile: str):
+    """Figure 8: per (name, rows with value / lp_top1 / paper, PA baseline) our LP top-1 against the swept value (bars:
+    the borrowed seed sd `sd`) and the paper's on a second axis."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(studies), figsize=(6.5, 2.8))
+    for ax, (name, d, pa) in zip(axes, studies):
+        l1 = ax.errorbar(d.value, d.lp_top1, yerr=sd, fmt="o-", capsize=2, label=f"ours ({profile}, left axis; bars: borrowed seed sd)")
+        ax2 = ax.twinx(); l2, = ax2.plot(d.value, d.paper, "s--", color="gray", label="paper (right axis)")
+        ax2.set_ylabel("paper LP top-1", fontsize=7); ax.legend(handles=[l1, l2], fontsize=6)
+        ax.set_xscale("log"); ax.set_xlabel(name); ax.set_ylabel("ours LP top-1 (%)", fontsize=7)
+        ax.set_title(f"{name} (PA baseline: {pa:.1f})", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_grid, students: Mapping[str, tuple],
+                       title: str, T: float = 10.0):
+    """Figures 9-11 for one image: the (normalised) image, the teacher's aggregated (log-sum at `T`) and per-head
+    last-block CLS maps (heads, N), then per student {name: (maps (heads, N), grid)} the same, with its KL to the
+    teacher's aggregated map. Returns (figure, {name: KL})."""
+    import matplotlib.pyplot as plt
+    heads_t = teacher_maps.shape[0]
+    max_h = max(heads_t, *(len(m) for m, _ in students.values()))
+    nrow, ncol = 1 + len(students), 2 + max_h
+    fig, axes = plt.subplots(nrow, ncol, figsize=(1.25 * ncol, 1.3 * nrow), squeeze=False)
+    def show(ax, vec, grid): ax.imshow(vec[1:].reshape(grid).numpy(), cmap="inferno")
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    axes[0][0].imshow((image * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()); axes[0][0].set_title("IMG", fontsize=7)
+    show(axes[0][1], aggregate_heads(teacher_maps[None], "logsum", T)[0], teacher_grid); axes[0][1].set_title("AGGR", fontsize=7)
+    for h in range(heads_t):
+        show(axes[0][2 + h], teacher_maps[h], teacher_grid); axes[0][2 + h].set_title(f"head {h}", fontsize=7)
+    axes[0][0].set_ylabel("teacher", fontsize=7)
+    kls = {}
+    for r, (name, (maps, grid)) in enumerate(students.items(), start=1):
+        sm, g = torch.as_tensor(maps), tuple(grid)
+        kls[name] = kl = cls_attention_loss(sm[None], teacher_maps[None], T, "logsum", student_grid=g,
+                                            teacher_grid=tuple(teacher_grid)).item()
+        show(axes[r][1], aggregate_heads(sm[None], "logsum", T)[0], g)
+        for h in range(sm.shape[0]): show(axes[r][2 + h], sm[h], g)
+        axes[r][0].text(0.5, 0.5, f"{name}\nKL {kl:.3g}", ha="center", va="center", fontsize=6, wrap=True)
+    for ax in axes.flat:
+        ax.set_xticks([]); ax.set_yticks([])
+        if not ax.images and not ax.texts: ax.axis("off")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig, kls
+

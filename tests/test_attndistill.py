@@ -293,3 +293,31 @@ def test_paper_profile_students_match_table_7_and_probe_table_9():
     # the runnable profiles keep timm's learnable embedding (their cached runs stay valid)
     for prof in ("smoke", "mini"):
         assert all("pos_embed" not in s for s in load_profile("attndistill", prof)["students"].values())
+
+
+def test_paper_figures_and_table7_rows():
+    "Table 7's rows and Figures 6-11 from result-shaped data."
+    import numpy as np
+    import pandas as pd
+    from attnrepro.attndistill import (cls_attention_loss, config_row, plot_cls_attention, plot_mae_curves, plot_sweeps,
+                                       plot_teacher_vs_students, position_embedding_kind)
+    from attnrepro.models import create_student
+    assert config_row(dict(embed_dim=192, depth=12, num_heads=3, patch_size=16), 224) == dict(
+        layers=12, dim=192, heads=3, patch_size=16, num_tokens=197, params_m=5.52)
+    v = create_student("vit", img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, num_classes=0)
+    assert position_embedding_kind(v, {}) == "learnable" and position_embedding_kind(v, {"pos_embed": "sincos"}) == "sin-cos"
+    summ = pd.DataFrame({"lp_top1 mean": [3.0, 1.0, 2.0], "lp_top1 std": [np.nan, 0.1, 0.2],
+                         "knn20_top1 mean": [2.0, 1.0, 1.5], "knn20_top1 std": [np.nan, 0.1, 0.1]})
+    assert len(plot_teacher_vs_students(summ).axes[0].patches) == 6
+    curve = dict(curve=[dict(epoch=1, lp_top1=1.0, knn20_top1=2.0), dict(epoch=2, lp_top1=2.0, knn20_top1=3.0)])
+    assert len(plot_mae_curves({"student": curve}, {"student": {"embed_dim": 192}}).axes[0].lines) == 2
+    d = pd.DataFrame(dict(value=[0.1, 1.0], lp_top1=[1.0, 2.0], paper=[70.0, 71.0]))
+    fig = plot_sweeps([("lambda", d, 1.5), ("T", d, 1.0)], 0.3, "smoke")
+    assert [a.get_title() for a in fig.axes[:2]] == ["lambda (PA baseline: 1.5)", "T (PA baseline: 1.0)"]
+    g = torch.Generator().manual_seed(0)
+    t = torch.rand(3, 17, generator=g).softmax(-1)
+    s = torch.rand(2, 17, generator=g).softmax(-1)
+    fig, kls = plot_cls_attention(torch.zeros(3, 8, 8), t, (4, 4), {"AD": (s.tolist(), [4, 4])}, "9")
+    assert kls["AD"] == pytest.approx(cls_attention_loss(s[None], t[None], 10.0, "logsum", student_grid=(4, 4),
+                                                         teacher_grid=(4, 4)).item())
+    assert fig.axes[0].get_title() == "IMG" and fig.axes[1].get_title() == "AGGR"
