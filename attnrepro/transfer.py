@@ -25,13 +25,16 @@ from .train import (LossTerm, Method, StepContext, TeacherPass, ce_term, execute
                              run_teacher_passes)
 
 # %% auto #0
-__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'first_layers', 'last_layers', 'first_heads',
-           'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod',
-           'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
-           'ensemble_top1', 'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts',
-           'model_info_counts', 'TransferRuns', 'claim_copy_closes_gap', 'claim_distill_matches_finetune',
-           'claim_q_beats_k_v', 'claim_more_and_later_layers', 'claim_features_dissimilar',
-           'claim_ensemble_beats_finetune', 'claim_aggregation_hurts_most']
+__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'DRY_EVAL', 'CORRUPTIONS', 'first_layers',
+           'last_layers', 'first_heads', 'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill',
+           'TeacherDistillMethod', 'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher',
+           'build_transfer', 'predict_logits', 'ensemble_top1', 'block_features', 'layer_cka',
+           'effective_attention_maps', 'attention_info_counts', 'model_info_counts', 'TransferRuns',
+           'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
+           'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
+           'claim_aggregation_hurts_most', 'analysis_set', 'ensemble_run', 'ood_run', 'cka_run', 'jsd_run', 'vis_run',
+           'bench_run', 'plot_teaser', 'plot_partial_copy', 'plot_cka_ensembles', 'plot_head_jsd',
+           'plot_attention_maps']
 
 # %% ../nbs/14_transfer.ipynb #42625cbf
 def first_layers(k: int, depth: int) -> list[int]:
@@ -636,3 +639,183 @@ def claim_ensemble_beats_finetune(ensemble: Arm, finetune: Arm) -> Verdict:
 def claim_aggregation_hurts_most(agg: dict, worst=("examples", "query tokens")) -> Verdict:
     "6: the maps averaged over each axis in `worst` score below every other aggregation (dict axis -> Arm)."
     return all_of([less(difference(agg[w], agg[o], f"{w} - {o}")) for w in worst for o in agg if o not in worst])
+
+# %% ../nbs/14_transfer.ipynb #ee026203
+import math
+import numpy as np
+import pandas as pd
+import torchvision.transforms.functional as TF
+from torch.utils.data import DataLoader
+
+from .data import LabelledSubset
+from .evaluate import head_jsd, topk_accuracy
+from .scale import dry_run_steps
+from .verdicts import pack_correct
+
+DRY_EVAL = 32   # a dry run scores its whole-test-set analyses on this many images: it times them, the numbers mean nothing
+
+def analysis_set(va):
+    "The test set an analysis scores: all of it, or its first `DRY_EVAL` images in a dry run (ViT-L on 50k images: hours on a CPU)."
+    return LabelledSubset(va, range(min(len(va), DRY_EVAL))) if dry_run_steps() else va
+
+def ensemble_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
+    """Per seed, the per-image hits (packed) of each model of `cfg['per_seed'][seed]` alone and of its softmax averaged
+    with the fine-tuned model's (`ft`) on the test set of `cfg['data']` (Figure 5, claim 5b)."""
+    _, va = runs.datasets(cfg["data"])
+    dl = DataLoader(analysis_set(va), batch_size=256)
+    probs = {}
+    def prob(c):   # softmax over the test set, each model once (a seed's "other seed" model is another seed's own)
+        h = config_hash(c)
+        if h not in probs:
+            lg, y = predict_logits(runs.trained_model(c), dl)
+            probs[h] = (lg.softmax(-1), y)
+        return probs[h]
+    out = {}
+    for s, models in cfg["per_seed"].items():
+        pf, y = prob(models["ft"])
+        single = {k: pack_correct((prob(c)[0].argmax(1) == y).numpy()) for k, c in models.items()}
+        ens = {k: pack_correct((((prob(c)[0] + pf) / 2).argmax(1) == y).numpy()) for k, c in models.items() if k != "ft"}
+        out[s] = dict(single=single, ensemble_with_ft=ens)
+    return out
+
+CORRUPTIONS = {"clean": lambda x, g: x,
+               "Gaussian noise (std 0.5)": lambda x, g: x + 0.5 * torch.randn(x.shape, generator=g),
+               "Gaussian blur (kernel 5, sigma 1.5)": lambda x, g: TF.gaussian_blur(x, [5, 5], [1.5, 1.5]),
+               "contrast x0.4": lambda x, g: 0.4 * x,
+               "grayscale": lambda x, g: x.mean(1, keepdim=True).expand_as(x)}
+
+def ood_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
+    "Top-1 of each model of `cfg['models']` on every corruption (`CORRUPTIONS`) of the test set (Table 6's proxy)."
+    _, va = runs.datasets(cfg["data"])
+    if cfg["per_class"]: va = class_balanced_subset(va, per_class=cfg["per_class"], seed=0)
+    va = analysis_set(va)
+    out = {"n": len(va)}
+    for name, c in cfg["models"].items():
+        model = runs.trained_model(c)
+        out[name] = {}
+        for cn, f in CORRUPTIONS.items():
+            g = torch.Generator().manual_seed(0)
+            xs = [(f(b[0], g), b[1]) for b in DataLoader(va, batch_size=256)]
+            lg, y = predict_logits(model, xs)
+            out[name][cn] = topk_accuracy(lg, y, ks=(1,))[1]
+    return out
+
+def cka_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
+    "Per seed, each model's per-block linear CKA with the fine-tuned model of that seed, and the pre-trained one's (Figure 4)."
+    _, va = runs.datasets(cfg["data"])
+    dl = DataLoader(va, batch_size=128, shuffle=True, generator=torch.Generator().manual_seed(0))
+    pre, out = runs.get_model(cfg["pretrained"]), {}
+    for s, c in cfg["per_seed"].items():
+        ft = runs.trained_model(c["ft"])
+        out[s] = {"pre-trained": layer_cka(pre, ft, dl, cfg["n"], pool=cfg["pool"]),
+                  **{k: layer_cka(runs.trained_model(m), ft, dl, cfg["n"], pool=cfg["pool"]) for k, m in c["models"].items()}}
+    return out
+
+def jsd_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
+    "Per reference (pre-trained, fine-tuned) and model, the per-block attention-map JSD under each head matching (Figure 6)."
+    _, va = runs.datasets(cfg["data"])
+    x = torch.stack([va[i][0] for i in range(cfg["n"])])
+    refs = {"pre-trained": runs.get_model(cfg["pretrained"]), "fine-tuned": runs.trained_model(cfg["ft"])}
+    maps = {k: effective_attention_maps(runs.trained_model(c), x) for k, c in cfg["models"].items()}
+    rmaps = {k: effective_attention_maps(m, x) for k, m in refs.items()}
+    maps["fine-tuned"] = rmaps["fine-tuned"]
+    return {r: {k: {mt: [head_jsd(a, b, mt) for a, b in zip(mm, rmaps[r])] for mt in cfg["matchings"]}
+                for k, mm in maps.items() if k != r} for r in rmaps}
+
+def vis_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
+    "CLS attention (mean over heads) of the first `cfg['n']` test images in `cfg['blocks']` of each model, and the images (Figures 7, 9, 10)."
+    _, va = runs.datasets(cfg["data"])
+    x = torch.stack([va[i][0] for i in range(cfg["n"])])
+    models = {"init": runs.build(runs.spec("scratch"))[0].eval(), "pre-trained": runs.get_model(cfg["pretrained"]),
+              **{k: runs.trained_model(c) for k, c in cfg["models"].items()}}
+    g = runs.shape["img_size"] // runs.shape["patch_size"]
+    out = {}
+    for k, m in models.items():
+        maps = effective_attention_maps(m, x)
+        out[k] = {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).tolist() for b in cfg["blocks"]}
+    img = (x * torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) + torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
+    return dict(maps=out, images=img.clamp(0, 1)[:, :, ::2, ::2].permute(0, 2, 3, 1).tolist())
+
+def bench_run(cfg: Mapping, ckpt_dir=None) -> dict:
+    "Table 11: `attnrepro.bench` of plain, distill and copy steps on `cfg['bench']`, as JSON-ready columns."
+    from attnrepro.bench import BenchConfig, run_bench
+    b = run_bench(BenchConfig(**cfg["bench"]), variants=("plain", "distill", "copy"), memory=cfg["memory"])
+    # JSON has no NaN / pd.NA (a variant's floor columns can be missing): None
+    num = lambda v: v if isinstance(v, str) else (None if v is None or pd.isna(v) or not math.isfinite(float(v)) else float(v))
+    cols = {c: [num(v) for v in b[c]] for c in b.columns}
+    return cols | dict(machine=b.attrs["machine"], load_average=[num(v) for v in b.attrs["load_average"]])
+
+
+# %% ../nbs/14_transfer.ipynb #92f8f1c4
+def plot_teaser(paper_top1: Sequence[float], ours: Sequence[float], ours_ci: Sequence[float], proxy: str):
+    "Figure 1: scratch, fine-tune, copy and distill top-1, the paper's beside ours (with 95 % CI over seeds)."
+    import matplotlib.pyplot as plt
+    colors = ["gray", "tab:blue", "tab:orange", "tab:green"]
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3), sharey=False)
+    ax[0].bar(range(4), paper_top1, color=colors)
+    ax[0].set_ylim(80, 87); ax[0].set_title("paper (ViT-L, ImageNet-1K)", fontsize=9)
+    ax[1].bar(range(4), ours, yerr=ours_ci, color=colors)
+    ax[1].set_title(f"ours ({proxy}; 95 % CI over seeds)", fontsize=9)
+    for a in ax:
+        a.set_xticks(range(4)); a.set_xticklabels(["scratch", "fine-tune", "copy", "distill"], fontsize=8); a.set_ylabel("top-1 (%)")
+    fig.suptitle("Figure 1: attention transfer vs scratch and fine-tuning")
+    return fig
+
+def plot_partial_copy(layers: Mapping[str, Mapping[int, float]], heads: Mapping[int, float], depth: int, num_heads: int,
+                      title: str):
+    "Figure 3: top-1 against the number of layers copied (first / last k) and of heads copied per block."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(8, 3))
+    for (side, pts), stl in zip(layers.items(), ("o-", "s-")):
+        ks = sorted(pts); ax[0].plot(ks, [pts[k] for k in ks], stl, label=f"{side} k layers")
+    ax[0].set_xlabel(f"layers copied (of {depth})"); ax[0].set_ylabel("top-1 (%)"); ax[0].legend(fontsize=8)
+    ks = sorted(heads); ax[1].plot(ks, [heads[k] for k in ks], "o-")
+    ax[1].set_xlabel(f"heads copied per block (first k of {num_heads}; all layers)")
+    fig.suptitle(title, fontsize=8)
+    return fig
+
+def plot_cka_ensembles(cka: Mapping[str, Sequence[float]], n_seeds: int, alone: Mapping[str, float],
+                       ensembled: Mapping[str, float], finetuned_alone: float):
+    "Figures 4-5: per-block CKA of each model with the fine-tuned one; each model alone and ensembled with it."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3))
+    for k, v in cka.items():
+        ax[0].plot(range(1, len(v) + 1), v, "o-", label=k)
+    ax[0].set_xlabel("block"); ax[0].set_ylabel("CKA with fine-tuned"); ax[0].legend(fontsize=7); ax[0].set_ylim(0, 1.05)
+    ax[0].set_title(f"Figure 4: CKA to the fine-tuned model (mean of {n_seeds} seeds)", fontsize=9)
+    keys = list(ensembled)
+    xs = np.arange(len(keys))
+    ax[1].bar(xs - 0.2, [alone[k] for k in keys], 0.4, label="alone")
+    ax[1].bar(xs + 0.2, [ensembled[k] for k in keys], 0.4, label="+ fine-tuned (ensemble)")
+    ax[1].axhline(finetuned_alone, color="k", ls="--", lw=1, label="fine-tuned alone")
+    ax[1].set_xticks(xs); ax[1].set_xticklabels(keys, fontsize=7); ax[1].legend(fontsize=7)
+    ax[1].set_title("Figure 5: ensembles (paper: distill+FT 86.3, +0.6)", fontsize=9)
+    return fig
+
+def plot_head_jsd(jsd: Mapping, matchings: Sequence[str], depth: int, title: str):
+    "Figure 6: per-block JSD of each model's attention to the pre-trained and the fine-tuned model, per head matching."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(2, len(matchings), figsize=(12, 5), sharex=True, squeeze=False)
+    for r, rr in enumerate(("pre-trained", "fine-tuned")):
+        for c, mt in enumerate(matchings):
+            for k, v in jsd[rr].items():
+                ax[r, c].plot(range(1, depth + 1), v[mt], "o-", ms=3, label=k)
+            ax[r, c].set_title(f"{mt}, vs {rr}", fontsize=8)
+    ax[0, 0].legend(fontsize=6); ax[1, 0].set_xlabel("block"); ax[0, 0].set_ylabel("JSD")
+    fig.suptitle(title)
+    return fig
+
+def plot_attention_maps(vis: Mapping, idx: Sequence[int], blocks: Sequence[int], title: str):
+    "Figures 7, 9, 10: per image of `idx` (rows), the image then each model's CLS attention in each block (`vis_run`)."
+    import matplotlib.pyplot as plt
+    cols = [(k, b) for k in vis["maps"] for b in blocks]
+    fig, ax = plt.subplots(len(idx), 1 + len(cols), figsize=(1.2 * (1 + len(cols)), 1.4 * len(idx)), squeeze=False)
+    for r, i in enumerate(idx):
+        ax[r, 0].imshow(np.array(vis["images"][i])); ax[r, 0].set_title("image", fontsize=6)
+        for j, (k, b) in enumerate(cols):
+            ax[r, j + 1].imshow(np.array(vis["maps"][k][str(b)][i]), cmap="viridis")
+            ax[r, j + 1].set_title(f"{k}\nblock {b + 1}", fontsize=5)
+    for a in ax.ravel(): a.axis("off")
+    fig.suptitle(title)
+    return fig
+

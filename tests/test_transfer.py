@@ -271,3 +271,27 @@ def test_teacher_stops_after_the_last_needed_block(build, x):
         want = [0, 1]
     for h in hooks: h.remove()
     assert ran == want and not any(grad)
+
+
+def test_paper_figures_and_corruptions():
+    "Figures 1 and 3-7 from result-shaped data; each corruption keeps the batch's shape; a dry run scores a few images."
+    import numpy as np
+    from attnrepro import transfer as tr
+    x = torch.randn(2, 3, 8, 8)
+    for name, f in tr.CORRUPTIONS.items():
+        assert f(x, torch.Generator().manual_seed(0)).shape == x.shape, name
+    assert torch.equal(tr.CORRUPTIONS["clean"](x, None), x)
+    ds = list(range(100))
+    assert tr.analysis_set(ds) is ds
+    fig = tr.plot_teaser([80.0, 85.0, 85.1, 85.7], [40, 50, 45, 48], [1, 1, 1, 1], "CIFAR-10")
+    assert [a.get_title() for a in fig.axes] == ["paper (ViT-L, ImageNet-1K)", "ours (CIFAR-10; 95 % CI over seeds)"]
+    fig = tr.plot_partial_copy({"first": {0: 1.0, 2: 2.0}, "last": {0: 1.0, 2: 3.0}}, {0: 1.0, 3: 2.0}, 4, 3, "3")
+    assert len(fig.axes[0].lines) == 2 and len(fig.axes[1].lines) == 1
+    fig = tr.plot_cka_ensembles({"scratch": [0.5, 0.4]}, 2, {"copy": 40.0}, {"copy": 45.0}, 44.0)
+    assert [t.get_text() for t in fig.axes[1].get_xticklabels()] == ["copy"]
+    jsd = {r: {"distill": {"direct": [0.1, 0.2]}} for r in ("pre-trained", "fine-tuned")}
+    fig = tr.plot_head_jsd(jsd, ["direct"], 2, "6")
+    assert [a.get_title() for a in fig.axes] == ["direct, vs pre-trained", "direct, vs fine-tuned"]
+    vis = dict(images=[np.zeros((4, 4, 3))] * 2, maps={"init": {"0": [np.ones((2, 2))] * 2, "1": [np.ones((2, 2))] * 2}})
+    fig = tr.plot_attention_maps(vis, [0, 1], [0, 1], "7")
+    assert len(fig.axes) == 2 * 3 and fig.axes[1].get_title() == "init\nblock 1"
