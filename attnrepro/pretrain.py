@@ -29,7 +29,8 @@ __all__ = ['TINY_ARCH', 'encoder_config', 'clean_encoder', 'cls_token_features',
            'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL', 'MultiCropTransform',
            'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
            'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality',
-           'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets', 'quality_kwargs', 'train_teacher_run']
+           'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets', 'quality_kwargs', 'train_teacher_run',
+           'gate_sets', 'gate_run', 'plot_cls_attention']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -670,3 +671,51 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
             "lr_effective", "n_params", "n_params_trainable", "encoder_config", "resumed_from_epoch", "final")
     return dict({k: res[k] for k in keep if k in res}, quality=q, quality_time_s=quality_s, sha256=saved["sha256"],
                 teacher_params=saved["params"], weights=w.name, size_bytes=w.stat().st_size, n_images=len(ds))
+
+# %% ../nbs/11_pretrain.ipynb #3d2fc4bc
+from .attention import attention_maps
+from .models import load_teacher
+
+def gate_sets(recipe: Mapping, task: Mapping):
+    "(train subset with the task's augmentation, test set) of a gate task of `recipe`, at the teachers' resolution."
+    d, img = task["data"], recipe["arch"]["img_size"]
+    tr = get_dataset(d["name"], d["train_split"], transform=train_transform(task["augment"], img))
+    if d.get("per_class"): tr = class_balanced_subset(tr, per_class=d["per_class"], seed=0)
+    va = get_dataset(d["name"], d["val_split"], transform=eval_transform(img))
+    if d.get("val_per_class"): va = class_balanced_subset(va, per_class=d["val_per_class"], seed=0)
+    return tr, va
+
+def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir) -> dict:
+    "One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher."
+    from attnrepro.transfer import build_transfer   # transfer imports this module
+    task, name = config["task"], config["teacher"]
+    tr, va = gate_sets(recipe, task)
+    teacher = load_teacher(name, teacher_dir=teacher_dir) if name else None
+    n_classes = len(get_dataset(task["data"]["name"], task["data"]["train_split"]).classes)
+    model, method = build_transfer("finetune" if name else "scratch", teacher, n_classes, shape=recipe["arch"],
+                                   seed=config["seed"])
+    res = fit(model, tr, va, TrainConfig(**task["train"], seed=config["seed"]), method, ckpt_dir=ckpt_dir,
+              progress=bool(recipe.get("progress", False)))
+    return dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"], n_val=res["final"]["n"], steps=res["steps"],
+                train_loss=[h["loss"] for h in res["history"]], wall_time_s=res["wall_time_s"])
+
+def plot_cls_attention(models: Mapping[str, nn.Module], x: torch.Tensor, grid: int):
+    "The (normalised) images `x` in the first row, then each model's last-block CLS attention (mean over heads) on them."
+    import matplotlib.pyplot as plt
+    n_img = len(x)
+    fig, axes = plt.subplots(len(models) + 1, n_img, figsize=(1.4 * n_img, 1.45 * (len(models) + 1)), squeeze=False)
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    for j in range(n_img):
+        axes[0][j].imshow((x[j] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy())
+    axes[0][0].set_ylabel("image", fontsize=7)
+    for i, (name, m) in enumerate(models.items(), start=1):
+        with torch.no_grad():
+            a = attention_maps(m, x, layers=[-1], cls_only=True)[0].mean(1)[:, 1:].reshape(-1, grid, grid)
+        for j in range(n_img):
+            axes[i][j].imshow(a[j].numpy(), cmap="inferno")
+        axes[i][0].set_ylabel(name.replace("_", "\n", 1), fontsize=6)
+    for ax in axes.flat:
+        ax.set_xticks([]); ax.set_yticks([])
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+

@@ -291,3 +291,14 @@ def test_clean_encoder_drops_training_only_options():
     c = clean_encoder(enc)
     assert "dynamic_img_size" not in c.student_cfg and c.student_cfg["drop_path_rate"] == 0.0 and not c.training
     for a, b in zip(enc.state_dict().values(), c.state_dict().values()): assert torch.equal(a, b)
+
+
+def test_teachers_cls_attention_figure():
+    "One image row, then one row per model of last-block CLS attention maps on the patch grid."
+    from attnrepro.models import create_student
+    from attnrepro.pretrain import plot_cls_attention
+    torch.manual_seed(0)
+    m = create_student(img_size=16, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=0).eval()
+    fig = plot_cls_attention({"random_init": m}, torch.randn(3, 3, 16, 16), 4)
+    assert len(fig.axes) == 2 * 3 and fig.axes[3].get_ylabel() == "random\ninit"
+    assert fig.axes[3].images[0].get_array().shape == (4, 4)
