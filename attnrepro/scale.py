@@ -402,7 +402,8 @@ def cost_table(rows: list[dict]):
                     "batch (recipe)": ", ".join(dict.fromkeys(str(x["batch_recipe"]) for x in f)),
                     "batch (timed)": ", ".join(dict.fromkeys(str(x["batch_timed"]) for x in f)),
                     "step s (timed batch)": g("step_s_timed", max), "step s (recipe batch)": g("step_s", max),
-                    "loader s (cold, timed batch)": max((x.get("load_s", float("nan")) for x in f), default=float("nan")),
+                    "loader s (cold, timed batch)": max((x["load_s"] for x in f if x.get("load_s") is not None),
+                                                        default=float("nan")),   # older logs have none
                     "peak memory GB": g("peak_mem_mb", max) / 1024, "memory measured as": ", ".join(
                         dict.fromkeys(str(x["mem_kind"]) for x in f)),
                     "train images": g("n_train", max), "steps/epoch": g("steps_per_epoch", max), "epochs": g("epochs", max),
