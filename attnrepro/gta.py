@@ -24,8 +24,8 @@ from .verdicts import Arm, Verdict, all_of, arm, contrast, greater, less, pooled
 
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
-           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'GRAD_NORM_LOGS', 'NO_SPREAD', 'CLAIM_TEXTS', 'frozen_copy',
-           'set_drop_path', 'target_from_source', 'gta_taps', 'gta_features', 'TapTerm', 'guidance_loss',
+           'METHODS', 'DEFAULT_COEF', 'HEAD_REDUCE', 'GRAD_NORM_LOGS', 'NO_SPREAD', 'CLAIM_TEXTS', 'COEF_NAME',
+           'frozen_copy', 'set_drop_path', 'target_from_source', 'gta_taps', 'gta_features', 'TapTerm', 'guidance_loss',
            'guidance_term', 'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box',
            'patch_box_mask', 'transmix_lambda', 'mixed_targets', 'TransferMethod', 'term_grad_norms',
            'grad_norm_summary', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup',
@@ -34,7 +34,8 @@ __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVE
            'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor',
            'pilot_arm_steps', 'pilot_config', 'pilot_name', 'seed_spread', 'seeds_arm', 'rate_label',
            'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
-           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources']
+           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows',
+           'plot_attention_overlays', 'plot_attention_masks', 'plot_lambda_sweep']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -814,3 +815,82 @@ def claim_helps_both_sources(gta: Mapping[str, Mapping[str, Arm]], baseline: Map
     "Claim 6: per source `s` and dataset `d`, GTA (`gta[s][d]`) - naive fine-tuning from that source > `margin`."
     return all_of([_beats(gta[s][d], baseline[s][d], f"{s} {d}: GTA - baseline", margin) for s in gta for d in gta[s]],
                   "GTA helps with every source")
+
+# %% ../nbs/15_gta.ipynb #4e7a0591
+COEF_NAME = {"l2sp": "alpha", "bss": "eta"}   # every other weighted method's coefficient is a lambda
+
+def _log10_ratio(a: float, b: float) -> float:
+    return math.log10(a / b) if a > 0 and b > 0 else (-math.inf if b > 0 else math.nan)
+
+def grad_norm_rows(runs_df, labels: Mapping[str, str]) -> list[dict]:
+    """Table 2c: one row per (run, non-CE term) of the runs (a DataFrame of results) that carry a gradient-norm log:
+    the CE gradient norm on the backbone and each term's log10 ratio to it (backbone and all parameters)."""
+    rows = []
+    for r in runs_df.itertuples():
+        log = r.grad_norms if "grad_norms" in runs_df and isinstance(r.grad_norms, list) else []
+        s = grad_norm_summary(log)
+        for term in [k for k in s if f"{k}_backbone" in s and k != "ce"]:
+            # logs as numbers (the table's 2-decimal format would print a 1e-5 ratio as 0.00); coef as text
+            rows.append(dict(dataset=labels[r.dataset], method=r.method, fraction=f"{round(100 * r.rate):d}%",
+                             coef=f"{COEF_NAME.get(r.method, 'lambda')}={r.coef:g}", term=term,
+                             **{"|grad CE| (backbone)": s["ce_backbone"],
+                                "log10 term/CE (backbone)": _log10_ratio(s[f"{term}_backbone"], s["ce_backbone"]),
+                                "log10 term/CE (all params)": _log10_ratio(s[term], s["ce"]),
+                                "steps logged": s["n_steps"]}))
+    return rows
+
+def plot_attention_overlays(images: Sequence[np.ndarray], cols: Sequence[tuple[str, np.ndarray]], title: str):
+    "Figure 1: each (H, W, 3) image, then each column's CLS attention map (its `maps[i]`) over it, upsampled."
+    import matplotlib.pyplot as plt
+    n_img = len(images)
+    fig, ax = plt.subplots(n_img, len(cols) + 1, figsize=(1.6 * (len(cols) + 1), 1.6 * n_img), squeeze=False)
+    for i, im in enumerate(images):
+        ax[i, 0].imshow(im)
+        for j, (name, maps) in enumerate(cols, start=1):
+            m = to_pixels(torch.tensor(maps[i:i + 1]), im.shape[:2])[0].numpy()
+            ax[i, j].imshow(im)
+            ax[i, j].imshow(m / m.max(), cmap="Reds", alpha=0.6)
+            if i == 0:
+                ax[i, j].set_title(name, fontsize=7)
+        ax[0, 0].set_title("image", fontsize=7)
+    for a in ax.ravel():
+        a.axis("off")
+    fig.suptitle(title, fontsize=8)
+    return fig
+
+def plot_attention_masks(images: Sequence[np.ndarray], boxes: Sequence, cols: Sequence[tuple[str, np.ndarray]],
+                         keep_mass: float, title: str):
+    "Figure 3: each image with its box outline, then each column's keep-mass attention mask over it and its Jaccard."
+    import matplotlib.pyplot as plt
+    n_img = len(images)
+    fig, ax = plt.subplots(n_img, len(cols) + 1, figsize=(1.6 * (len(cols) + 1), 1.6 * n_img), squeeze=False)
+    for i, im in enumerate(images):
+        h, w = im.shape[:2]
+        box = boxes_to_mask(boxes[i], h, w).numpy()
+        ax[i, 0].imshow(im); ax[i, 0].contour(box, levels=[0.5], colors="lime", linewidths=1)
+        for j, (name, maps) in enumerate(cols, start=1):
+            keep = attention_mass_mask(torch.tensor(maps[i]), keep_mass)
+            mask = to_pixels(keep[None].float(), (h, w))[0].numpy() > 0.5
+            ax[i, j].imshow(im * mask[..., None] + (im * 0.25 * ~mask[..., None]).astype(im.dtype))
+            ax[i, j].contour(box, levels=[0.5], colors="lime", linewidths=1)
+            iou = (mask & box.astype(bool)).sum() / max((mask | box.astype(bool)).sum(), 1)
+            ax[i, j].set_title(f"{name}: J={100 * iou:.0f}" if i == 0 else f"J={100 * iou:.0f}", fontsize=7)
+    for a in ax.ravel():
+        a.axis("off")
+    fig.suptitle(title, fontsize=8)
+    return fig
+
+def plot_lambda_sweep(curves: Mapping[str, Mapping[str, tuple]], title: str):
+    "Figure 4: per dataset {label: {rate label: (lambdas, top-1s, baseline top-1)}} GTA's top-1 against lambda (log)."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.2), squeeze=False)
+    for k, (name, by_rate) in enumerate(curves.items()):
+        a = ax[0, k]
+        for rate, (lams, tops, base) in by_rate.items():
+            line, = a.plot(lams, tops, "o-", label=rate)
+            a.axhline(base, ls="--", color=line.get_color(), lw=0.8)
+        a.set_xscale("log"); a.set_xlabel("lambda"); a.set_ylabel("top-1 (%)"); a.set_title(name, fontsize=8)
+        a.legend(fontsize=7, title="rate", title_fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    return fig
+

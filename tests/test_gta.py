@@ -438,3 +438,26 @@ def test_source_runs_in_full_when_a_term_reads_its_head_input(source):
     with torch.no_grad():
         torch.testing.assert_close(ctx.teacher["pre_logits"], source.forward_head(source.forward_features(x),
                                                                                          pre_logits=True))
+
+
+def test_table2c_rows_and_paper_figures():
+    "Table 2c's rows from a run's gradient-norm log; Figures 1, 3 and 4 from result-shaped data."
+    import numpy as np
+    import pandas as pd
+    from attnrepro.gta import (grad_norm_rows, grad_norm_summary, plot_attention_masks, plot_attention_overlays,
+                               plot_lambda_sweep)
+    log = [dict(step=s, ce=1.0, ce_backbone=0.5, gta=0.01, gta_backbone=0.005) for s in range(3)]
+    runs = pd.DataFrame([dict(dataset="cub", method="gta", rate=0.15, coef=0.1, grad_norms=log),
+                         dict(dataset="cub", method="baseline", rate=0.15, coef=None, grad_norms=None)])
+    rows = grad_norm_rows(runs, {"cub": "CUB"})
+    s = grad_norm_summary(log)
+    assert len(rows) == 1 and rows[0]["fraction"] == "15%" and rows[0]["coef"] == "lambda=0.1"
+    assert rows[0]["log10 term/CE (backbone)"] == pytest.approx(np.log10(s["gta_backbone"] / s["ce_backbone"]))
+    ims = [np.zeros((16, 16, 3), np.uint8)] * 2
+    maps = np.random.default_rng(0).random((2, 4, 4))
+    fig = plot_attention_overlays(ims, [("GTA", maps)], "1")
+    assert [a.get_title() for a in fig.axes[:2]] == ["image", "GTA"]
+    fig = plot_attention_masks(ims, [np.array([[0, 0, 8, 8]])] * 2, [("GTA", maps)], 0.6, "3")
+    assert fig.axes[1].get_title().startswith("GTA: J=") and fig.axes[3].get_title().startswith("J=")
+    fig = plot_lambda_sweep({"CUB": {"15%": ([0.1, 1.0], [40.0, 38.0], 41.0)}}, "4")
+    assert fig.axes[0].get_title() == "CUB" and len(fig.axes[0].lines) == 2
