@@ -377,11 +377,11 @@ def figure_images(val_eval) -> list[int]:
     """Three fixed val images for Figures 9-11 (the paper's: a basset, a border collie, a steam locomotive; Tiny-ImageNet
     has none of these classes, so the first val image of three dog/vehicle classes if present, else classes spread
     over the list)."""
-    idx = []
+    idx, targets = [], np.asarray(val_eval.targets)
     for w in ["retriever", "German shepherd", "school bus"]:
         cls = [i for i, c in enumerate(val_eval.classes) if w.lower() in c.lower()]
-        if cls:
-            idx.append(int(np.flatnonzero(np.asarray(val_eval.targets) == cls[0])[0]))
+        hits = np.flatnonzero(targets == cls[0]) if cls else []
+        if len(hits): idx.append(int(hits[0]))   # a dry run's few images may lack the class
     present = np.unique(val_eval.targets)   # every class, except in a dry run's few images
     for c in present[np.linspace(0, len(present) - 1, 3).round().astype(int)]:
         i = int(np.flatnonzero(np.asarray(val_eval.targets) == c)[0])

@@ -321,3 +321,14 @@ def test_paper_figures_and_table7_rows():
     assert kls["AD"] == pytest.approx(cls_attention_loss(s[None], t[None], 10.0, "logsum", student_grid=(4, 4),
                                                          teacher_grid=(4, 4)).item())
     assert fig.axes[0].get_title() == "IMG" and fig.axes[1].get_title() == "AGGR"
+
+
+def test_figure_images_named_classes_then_spread_and_absent_classes():
+    "The named classes' first val images, then classes spread over the list; a named class with no image is skipped."
+    from types import SimpleNamespace
+    from attnrepro.attndistill import figure_images
+    classes = ["golden retriever", "German shepherd dog", "school bus", "tabby", "lemon"]
+    v = SimpleNamespace(classes=classes, targets=[3, 1, 0, 4, 0, 1])
+    assert figure_images(v) == [2, 1, 0]
+    few = SimpleNamespace(classes=classes, targets=[3, 4, 4])   # a dry run's subset: no retriever, shepherd or bus
+    assert figure_images(few) == [0, 1]
