@@ -19,3 +19,12 @@ def shared_data():
     if not (SHARED_DATA / "README.md").exists():
         pytest.skip(f"shared offline data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    "Figures a test draws through pyplot are closed after it (the library's plot functions return open figures)."
+    yield
+    import sys
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
