@@ -997,6 +997,7 @@ def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> di
 
 # %% ../nbs/12_aal.ipynb #c9c4f79a
 from .core import config_hash
+from .data import denormalize
 
 def link_ranges(row) -> str:
     "1-based linked layers of one link-mask row as 'a-b, c' ranges ('none' when the row links nothing)."
@@ -1135,10 +1136,9 @@ def plot_link_evolution(run: Mapping, title: str):
 def plot_attention_examples(images: Sequence[torch.Tensor], panels: Sequence[tuple[str, Sequence]], title: str):
     "Figure A: normalised (3, H, W) `images` in the first row, then one row per (label, maps) panel."
     import matplotlib.pyplot as plt
-    mean_t, std_t = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
     fig, axes = plt.subplots(1 + len(panels), len(images), figsize=(1.3 * len(images), 1.4 * (1 + len(panels))), squeeze=False)
     for j, x in enumerate(images):
-        axes[0][j].imshow((x * std_t + mean_t).clamp(0, 1).permute(1, 2, 0).numpy())
+        axes[0][j].imshow(denormalize(x).permute(1, 2, 0).numpy())
         for r, (_, maps) in enumerate(panels): axes[r + 1][j].imshow(np.array(maps[j]), cmap="inferno")
     for i, lab in enumerate(["(a) image"] + [lab for lab, _ in panels]):
         axes[i][0].set_ylabel(lab, fontsize=8)

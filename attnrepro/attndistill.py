@@ -662,7 +662,7 @@ def loss_shares(losses: dict, attn_weight: float, epoch: int = -1) -> dict:
                 attn_share=attn_weight * raw / total if total else float("nan"))
 
 # %% ../nbs/16_attndistill.ipynb #d3c4de4c
-from .data import IMAGENET_MEAN, IMAGENET_STD
+from .data import denormalize
 from .pretrain import MAE, MAEMethod, encoder_config, sincos_pos_embed
 
 def config_row(kw: Mapping, img: int) -> dict:
@@ -752,8 +752,7 @@ def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_
     nrow, ncol = 1 + len(students), 2 + max_h
     fig, axes = plt.subplots(nrow, ncol, figsize=(1.25 * ncol, 1.3 * nrow), squeeze=False)
     def show(ax, vec, grid): ax.imshow(vec[1:].reshape(grid).numpy(), cmap="inferno")
-    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
-    axes[0][0].imshow((image * std + mean).clamp(0, 1).permute(1, 2, 0).numpy()); axes[0][0].set_title("IMG", fontsize=7)
+    axes[0][0].imshow(denormalize(image).permute(1, 2, 0).numpy()); axes[0][0].set_title("IMG", fontsize=7)
     show(axes[0][1], aggregate_heads(teacher_maps[None], "logsum", T)[0], teacher_grid); axes[0][1].set_title("AGGR", fontsize=7)
     for h in range(heads_t):
         show(axes[0][2 + h], teacher_maps[h], teacher_grid); axes[0][2 + h].set_title(f"head {h}", fontsize=7)

@@ -829,7 +829,7 @@ def claim_gain_larger_when_scarce(scratch: dict, joint: dict) -> Verdict:
     return _all_of(parts)
 
 # %% ../nbs/13_bootstrapping.ipynb #92b765ba
-from .data import IMAGENET_MEAN, IMAGENET_STD
+from .data import denormalize
 
 def plot_learning_curves(panels: Sequence[tuple[str, Sequence[tuple[str, Mapping, str]]]], figsize=(11, 3.0)):
     "Figure 5: one panel per (title, [(label, result, who)]), each line top-1 per evaluated epoch of `result['curve']`'s `who`."
@@ -883,7 +883,7 @@ def plot_viz_rows(image: torch.Tensor, rows: Sequence[tuple[str, Mapping, str]],
     """Tables 8-11: per (label, viz, key) row the normalised (3, H, W) `image`, then image `k`'s map `viz[key][c][k]` of
     each layer in `viz['layers']` (`normalise`: each map to [0, 1], as the paper shows feature norms)."""
     import matplotlib.pyplot as plt
-    x = (image * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]).clamp(0, 1)
+    x = denormalize(image)
     fig, axes = plt.subplots(len(rows), n_cols + 1, figsize=(1.9 * (n_cols + 1), row_height * len(rows)), squeeze=False)
     for r, (label, v, key) in enumerate(rows):
         axes[r][0].imshow(x.permute(1, 2, 0).numpy()); axes[r][0].set_xticks([]); axes[r][0].set_yticks([])

@@ -21,8 +21,8 @@ __all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATA
            'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive',
            'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec', 'register_dataset',
            'SyntheticImageDataset', 'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset',
-           'eval_view', 'eval_transform', 'eval_frame_boxes', 'train_crop', 'rand_augment', 'train_transform',
-           'make_embedded_sample']
+           'denormalize', 'eval_view', 'eval_transform', 'eval_frame_boxes', 'train_crop', 'rand_augment',
+           'train_transform', 'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -632,6 +632,10 @@ def class_balanced_subset(dataset, fraction: float | None = None, seed: int = 0,
 
 # %% ../nbs/01_data.ipynb #700dd131
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+def denormalize(x: torch.Tensor) -> torch.Tensor:
+    "Images normalised with the ImageNet mean and std, (..., 3, H, W), back to [0, 1] (for figures)."
+    return (x * torch.tensor(IMAGENET_STD)[:, None, None] + torch.tensor(IMAGENET_MEAN)[:, None, None]).clamp(0, 1)
 
 AUGMENT_PRESETS = {
     "none": dict(mixup=0.0, cutmix=0.0, label_smoothing=0.0),

@@ -674,6 +674,7 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
 
 # %% ../nbs/11_pretrain.ipynb #3d2fc4bc
 from .attention import attention_maps
+from .data import denormalize
 from .models import load_teacher
 
 def gate_sets(recipe: Mapping, task: Mapping):
@@ -704,9 +705,8 @@ def plot_cls_attention(models: Mapping[str, nn.Module], x: torch.Tensor, grid: i
     import matplotlib.pyplot as plt
     n_img = len(x)
     fig, axes = plt.subplots(len(models) + 1, n_img, figsize=(1.4 * n_img, 1.45 * (len(models) + 1)), squeeze=False)
-    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
     for j in range(n_img):
-        axes[0][j].imshow((x[j] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy())
+        axes[0][j].imshow(denormalize(x[j]).permute(1, 2, 0).numpy())
     axes[0][0].set_ylabel("image", fontsize=7)
     for i, (name, m) in enumerate(models.items(), start=1):
         with torch.no_grad():

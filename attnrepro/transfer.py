@@ -647,7 +647,7 @@ import pandas as pd
 import torchvision.transforms.functional as TF
 from torch.utils.data import DataLoader
 
-from .data import LabelledSubset
+from .data import LabelledSubset, denormalize
 from .evaluate import head_jsd, topk_accuracy
 from .scale import dry_run_steps
 from .verdicts import pack_correct
@@ -733,8 +733,7 @@ def vis_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     for k, m in models.items():
         maps = effective_attention_maps(m, x)
         out[k] = {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).tolist() for b in cfg["blocks"]}
-    img = (x * torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) + torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1))
-    return dict(maps=out, images=img.clamp(0, 1)[:, :, ::2, ::2].permute(0, 2, 3, 1).tolist())
+    return dict(maps=out, images=denormalize(x)[:, :, ::2, ::2].permute(0, 2, 3, 1).tolist())
 
 def bench_run(cfg: Mapping, ckpt_dir=None) -> dict:
     "Table 11: `attnrepro.bench` of plain, distill and copy steps on `cfg['bench']`, as JSON-ready columns."

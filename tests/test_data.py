@@ -180,3 +180,13 @@ def test_eval_frame_boxes_in_pixels_keep_every_box():
     assert cut.tolist() == [[0, 0, 1, 1]]
     wide = eval_frame_boxes([[0, 0, 500, 375]], (500, 375), 224, pixels=True)
     assert wide.tolist() == [[0, 0, 224, 224]]
+
+
+def test_denormalize_inverts_the_eval_normalisation():
+    "Figures show images back in [0, 1]: the inverse of Normalize(IMAGENET_MEAN, IMAGENET_STD), clamped."
+    import torch
+    from torchvision.transforms import Normalize
+    from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD, denormalize
+    x = torch.rand(2, 3, 4, 4)
+    torch.testing.assert_close(denormalize(Normalize(IMAGENET_MEAN, IMAGENET_STD)(x)), x)
+    assert denormalize(torch.full((3, 2, 2), 100.0)).max() == 1.0
