@@ -29,13 +29,14 @@ __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVE
            'guidance_term', 'l2sp_penalties', 'l2sp_terms', 'bss_loss', 'bss_term', 'set_finetune_part', 'cutmix_box',
            'patch_box_mask', 'transmix_lambda', 'mixed_targets', 'TransferMethod', 'term_grad_norms',
            'grad_norm_summary', 'transfer_method', 'cls_attention', 'to_pixels', 'attention_jaccard', 'ClassGroup',
-           'finetune_transform', 'best_coef', 'tie_text', 'heldout_split', 'load_source', 'target_dataset', 'steps_for',
-           'target_domain', 'box_target', 'framed_boxes', 'run_config', 'attention_outputs', 'finetune_run',
-           'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor',
-           'pilot_arm_steps', 'pilot_config', 'pilot_name', 'seed_spread', 'seeds_arm', 'rate_label',
-           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
-           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows',
-           'plot_attention_overlays', 'plot_attention_masks', 'plot_lambda_sweep']
+           'finetune_transform', 'best_coef', 'tie_text', 'heldout_split', 'load_source', 'target_dataset',
+           'batch_and_epochs', 'steps_for', 'target_domain', 'box_target', 'framed_boxes', 'run_config',
+           'attention_outputs', 'finetune_run', 'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target',
+           'pilot_arm_dataset', 'pilot_floor', 'pilot_arm_steps', 'pilot_config', 'pilot_name', 'seed_spread',
+           'seeds_arm', 'rate_label', 'claim_gain_shrinks_with_data', 'claim_beats_other_methods',
+           'claim_logits_beat_other_features', 'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more',
+           'claim_helps_both_sources', 'grad_norm_rows', 'plot_attention_overlays', 'plot_attention_masks',
+           'plot_lambda_sweep']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -576,6 +577,22 @@ def target_dataset(spec: Mapping, which: str, transform):
     cap = spec.get(f"per_class_{which}")
     return class_balanced_subset(ds, per_class=cap, seed=0) if cap else ds
 
+def batch_and_epochs(n_train: int, train: Mapping) -> tuple[int, int]:
+    """The batch and the epochs that give `train['steps']` optimizer steps on `n_train` images. The paper fixes 3k
+    iterations of batch 768 at every rate, yet Oxford-IIIT Pet at 15 % has 555 training images. With `train.small_subset:
+    whole` a subset smaller than the batch trains as one batch of all of it per step (an even count: TransMix pairs the
+    batch), at the recipe's lr; ASSUMED, the text does not say. Without it, such a subset is an error naming the fix."""
+    batch = train["batch_size"]
+    if train.get("small_subset") not in (None, "whole"):
+        raise ValueError(f"train.small_subset={train['small_subset']!r}: leave it out (a subset smaller than the batch is "
+                         "an error) or set it to 'whole' (such a subset trains as one batch)")
+    if n_train < batch:
+        if train.get("small_subset") != "whole" or n_train < 2:
+            raise ValueError(f"{n_train} training images give no batch of {batch}: lower train.batch_size, or set "
+                             "train.small_subset: whole to train on the whole subset as one batch per step")
+        batch = n_train - n_train % 2
+    return batch, math.ceil(train["steps"] / (n_train // batch))
+
 def steps_for(recipe: Mapping, dset: str, rate: float) -> int:
     "Optimizer steps on target `dset` at sampling `rate`: the dataset's own `steps` (int or rate -> steps), else train.steps."
     steps = recipe["datasets"][dset].get("steps", recipe["train"]["steps"])
@@ -646,17 +663,15 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
     tgt = target_from_source(src, len(train.classes), drop_path_rate=t["drop_path"])
     meth = transfer_method(config["method"], tgt, src, config["coef"], center=config.get("center", False),
                            grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
-    steps_per_epoch = len(train) // t["batch_size"]
-    if steps_per_epoch < 1:
-        raise ValueError(f"{len(train)} training images give no batch of {t['batch_size']}; lower train.batch_size")
-    epochs = math.ceil(t["steps"] / steps_per_epoch)   # the paper fixes iterations, not epochs
-    cfg = TrainConfig(**{**dict(epochs=epochs, batch_size=t["batch_size"], lr=t["lr"], min_lr=t.get("min_lr", 0.0),
-                                warmup_epochs=t.get("warmup_epochs", 0),
+    batch, epochs = batch_and_epochs(len(train), t)   # the paper fixes iterations, not epochs
+    cfg = TrainConfig(**{**dict(epochs=epochs, batch_size=batch, lr=t["lr"], min_lr=t.get("min_lr", 0.0),
+                                warmup_epochs=t.get("warmup_epochs", 0), amp=t.get("amp", False),
                                 weight_decay=t["weight_decay"], seed=config["seed"], eval_every=epochs),
                          **meth.train_overrides})
     # per-image test hits kept (pack_correct): two arms scored on one test set compare paired (verdicts.paired_difference)
     res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=ckpt_dir, progress=False, record_correct=True)
     out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=len(test), epochs=epochs, steps=res["steps"],
+               batch_size=batch,
                train_time_s=round(res["wall_time_s"], 2), correct=res["final"]["correct"],
                losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")},
                # per logged step: the norm of each weighted term's gradient (all trainable / backbone without the head)

@@ -234,7 +234,7 @@ class BootstrappingRecipe:
     claim_datasets: list | None = None
     ablation_dataset: str | None = None
 
-@recipe_schema("gta", train_extras=("drop_path", "randaugment", "steps"))
+@recipe_schema("gta", train_extras=("drop_path", "randaugment", "steps", "small_subset"))
 @dataclass
 class GTARecipe:
     "Top-level keys of papers/gta/profiles.yaml (each explained in its header)."

@@ -461,3 +461,24 @@ def test_table2c_rows_and_paper_figures():
     assert fig.axes[1].get_title().startswith("GTA: J=") and fig.axes[3].get_title().startswith("J=")
     fig = plot_lambda_sweep({"CUB": {"15%": ([0.1, 1.0], [40.0, 38.0], 41.0)}}, "4")
     assert fig.axes[0].get_title() == "CUB" and len(fig.axes[0].lines) == 2
+
+
+def test_batch_and_epochs_fixes_steps_and_handles_a_subset_smaller_than_the_batch():
+    from attnrepro.gta import batch_and_epochs
+    assert batch_and_epochs(750, dict(steps=400, batch_size=32)) == (32, 18)   # 23 steps an epoch: 18 epochs >= 400 steps
+    with pytest.raises(ValueError, match="555 training images give no batch of 768.*small_subset: whole"):
+        batch_and_epochs(555, dict(steps=3000, batch_size=768))
+    # the paper's Pet at 15 %: one even batch of the whole subset per step, so 3000 steps are 3000 epochs
+    assert batch_and_epochs(555, dict(steps=3000, batch_size=768, small_subset="whole")) == (554, 3000)
+    with pytest.raises(ValueError, match="small_subset='all'"):
+        batch_and_epochs(555, dict(steps=3, batch_size=768, small_subset="all"))
+    with pytest.raises(ValueError, match="1 training images"):
+        batch_and_epochs(1, dict(steps=3, batch_size=8, small_subset="whole"))
+
+
+def test_paper_profile_trains_pet_at_15_percent():
+    "The paper's Oxford-IIIT Pet at 15 % (555 images) is smaller than its batch of 768: the profile must allow it."
+    from attnrepro.gta import batch_and_epochs
+    from attnrepro.report import load_profile
+    P = load_profile("gta", "paper")
+    assert batch_and_epochs(555, P["train"])[0] == 554 and P["train"]["amp"] is True
