@@ -17,10 +17,10 @@ from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile,
 from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
-__all__ = ['PROFILES', 'README_START', 'README_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'RECORD_FIELDS', 'papers_dir',
-           'paper_meta', 'check_profile', 'load_profile', 'load_reported', 'side_by_side', 'claims_markdown',
-           'results_table', 'pilots_table', 'cost_section', 'update_readme', 'show_figure', 'run_ckpt_dir',
-           'train_record', 'PaperRun']
+__all__ = ['PROFILES', 'README_START', 'README_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'RECORD_FIELDS', 'ARRAY_REF',
+           'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported', 'side_by_side',
+           'claims_markdown', 'results_table', 'pilots_table', 'cost_section', 'update_readme', 'show_figure',
+           'run_ckpt_dir', 'split_arrays', 'join_arrays', 'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -275,10 +275,52 @@ def run_ckpt_dir(paper: str, profile: str, h: str) -> Path:
     "Where run `h` of `paper` at `profile` checkpoints (in the cache: `ATTNREPRO_CACHE`)."
     return cache_dir("checkpoints", paper, profile, h)
 
+ARRAY_REF = "__array__"   # a run JSON's placeholder for an array kept in runs/<hash>.npz
+
+def split_arrays(result) -> tuple[object, dict]:
+    """`result` with each numpy array (at any depth of nested dicts) replaced by a placeholder `{"__array__": key,
+    "shape": ..., "dtype": ...}`, and those arrays by key ('maps/init/3'): images and attention maps go to
+    `runs/<hash>.npz` beside the run's JSON, which stays small and readable."""
+    import numpy as np
+    arrays = {}
+    def walk(x, key):
+        if isinstance(x, np.ndarray):
+            arrays[key] = x
+            return {ARRAY_REF: key, "shape": list(x.shape), "dtype": str(x.dtype)}
+        if isinstance(x, dict): return {k: walk(v, f"{key}/{k}" if key else str(k)) for k, v in x.items()}
+        return x
+    return walk(result, ""), arrays
+
+def join_arrays(result, npz_path: Path | str):
+    "The result `split_arrays` took apart, each placeholder replaced by its array from `npz_path` (read only if needed)."
+    import numpy as np
+    store = {}
+    def walk(x):
+        if isinstance(x, dict) and ARRAY_REF in x:
+            if not store:
+                try:
+                    with np.load(npz_path, allow_pickle=False) as z: store.update({k: z[k] for k in z.files})
+                except (OSError, ValueError) as e:
+                    raise ValueError(f"Run arrays {npz_path} are missing or unreadable ({e}); delete the run's .json and "
+                                     ".npz to rerun that config") from e
+            if x[ARRAY_REF] not in store:
+                raise ValueError(f"Run arrays {npz_path} lack {x[ARRAY_REF]!r}; delete the run's .json and .npz to rerun it")
+            return store[x[ARRAY_REF]]
+        return {k: walk(v) for k, v in x.items()} if isinstance(x, dict) else x
+    return walk(result)
+
+def _write_arrays(path: Path, arrays: dict) -> None:
+    "`np.savez_compressed` through a temporary file, renamed into place (a crash leaves no half-written archive)."
+    import numpy as np
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f: np.savez_compressed(f, **arrays)
+    os.replace(tmp, path)
+
 def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, name: str | None = None,
                  force: bool = False, write: bool = True, call=None) -> dict:
     """Train `fn(config, ckpt_dir)` and write its record (`RECORD_FIELDS`, plus `resumed_earlier_s` for a resumed run)
-    to `runs_dir/<hash>.json` atomically; returns the record. `force`: start from scratch (a finished checkpoint is
+    to `runs_dir/<hash>.json` atomically, numpy arrays in its result to `runs_dir/<hash>.npz` (`split_arrays`); returns
+    the record, arrays in place. `force`: start from scratch (a finished checkpoint is
     not resumed). `write=False`: train without writing (a non-zero rank of a multi-GPU job). `call(fn, config, ckpt)`
     replaces the plain call (a dry run's probe)."""
     h = config_hash(config)
@@ -289,15 +331,17 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
     print(f"[run] training {name or h} (config {h})", flush=True)
     with resumed_time() as earlier: result = (call or (lambda f, c, k: f(c, k)))(fn, config, ckpt)
     # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
+    stored, arrays = split_arrays(result)
     rec = dict(hash=h, name=name, paper=paper, profile=profile, config=json.loads(canonical_json(config)),
-               result=result, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
+               result=stored, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,
                host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
     if write:
         path = Path(runs_dir) / f"{h}.json"
+        if arrays: _write_arrays(path.with_suffix(".npz"), arrays)   # before the JSON: a JSON means the run is complete
         atomic_write_json(path, rec)
         print(f"[run] finished {name or h} in {rec['wall_time_s']:.0f} s -> {path}", flush=True)
-    return rec
+    return {**rec, "result": result}
 
 class PaperRun:
     "The output side of one execution of a paper notebook."
@@ -343,6 +387,7 @@ class PaperRun:
             missing = [k for k in ("config", "result", "wall_time_s") if not isinstance(rec, dict) or k not in rec]
             if missing:
                 raise ValueError(f"Cached run {path} lacks {missing} (not a run record of attnrepro); delete it to rerun that config")
+            rec["result"] = join_arrays(rec["result"], path.with_suffix(".npz"))
         elif os.environ.get("ATTNREPRO_CACHED_ONLY") == "1":
             raise RuntimeError(f"run {name or h!r} (config {h}) has no cached result in {self.runs_dir} and "
                                "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")

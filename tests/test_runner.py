@@ -258,3 +258,31 @@ def test_paper_profile_names_everything_it_lacks_before_training(tmp_path, monke
         PaperRun("gta", profile, tmp_path / profile).require_paper_resources("x", datasets=["cub200"])
     monkeypatch.setenv("ATTNREPRO_DRY_RUN", "2")                                 # a dry run goes on
     PaperRun("gta", "paper", tmp_path / "dry").require_paper_resources("x", datasets=["cub200"])
+
+
+def test_run_arrays_are_kept_beside_the_run_json(tmp_path, monkeypatch):
+    "Images and maps in a run's result go to runs/<hash>.npz; the JSON keeps a placeholder; a cached run gets them back."
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    import numpy as np
+    from attnrepro.core import config_hash
+    from attnrepro.report import PaperRun
+    images = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    maps = np.linspace(0, 1, 8, dtype=np.float32).reshape(2, 2, 2)
+    calls = []
+    def fn(config, ckpt_dir):
+        calls.append(1)
+        return dict(top1=12.5, images=images, maps={"init": {"3": maps}})
+    config = dict(kind="vis", seed=0)
+    first = PaperRun("gta", "smoke", tmp_path / "out").run(config, fn, name="vis")
+    h = config_hash(config)
+    rec = json.loads((tmp_path / "out" / "runs" / f"{h}.json").read_text())
+    assert rec["result"]["images"] == {"__array__": "images", "shape": [2, 3, 4], "dtype": "uint8"}
+    assert rec["result"]["maps"]["init"]["3"]["__array__"] == "maps/init/3" and rec["result"]["top1"] == 12.5
+    assert first["images"] is images   # the caller gets the arrays, not the placeholders
+    cached = PaperRun("gta", "smoke", tmp_path / "out").run(config, fn, name="vis")
+    assert calls == [1] and cached["top1"] == 12.5
+    assert cached["images"].dtype == np.uint8 and np.array_equal(cached["images"], images)
+    assert np.array_equal(cached["maps"]["init"]["3"], maps)
+    (tmp_path / "out" / "runs" / f"{h}.npz").unlink()
+    with pytest.raises(ValueError, match=rf"{h}.npz are missing or unreadable .*delete the run's .json and .npz"):
+        PaperRun("gta", "smoke", tmp_path / "out").run(config, fn, name="vis")
