@@ -19,15 +19,19 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS',
-           'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss',
-           'projector_dims', 'Projector', 'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs',
-           'teacher_targets', 'attndistill_method', 'projector_layer_features', 'run_datasets', 'run_teacher',
-           'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config',
-           'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes',
-           'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows', 'attndistill_claims',
-           'reported_getter', 'reported_claims', 'loss_shares', 'config_row', 'position_embedding_kind',
-           'mae_curve_run', 'plot_teacher_vs_students', 'plot_mae_curves', 'plot_sweeps', 'plot_cls_attention']
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS', 'SWEEPS',
+           'REF_VARS', 'HEAD_ARM', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention', 'value_weighted',
+           'cls_attention_loss', 'projector_dims', 'Projector', 'patch_alignment_loss', 'CompRessQueue',
+           'compress_loss', 'layer_pairs', 'teacher_targets', 'attndistill_method', 'projector_layer_features',
+           'run_datasets', 'run_teacher', 'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run',
+           'variants', 'variant_config', 'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression',
+           'claim_gain_across_shapes', 'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows',
+           'attndistill_claims', 'reported_getter', 'reported_claims', 'loss_shares', 'config_row',
+           'position_embedding_kind', 'mae_curve_run', 'plot_teacher_vs_students', 'plot_mae_curves', 'plot_sweeps',
+           'plot_cls_attention', 'train_note', 'paper_requirements', 'table_7', 'table_8', 'table_9', 'pilot_order',
+           'table_pilot', 'pilot_reuse', 'table_figure_6', 'runs_arm', 'table_figure_7', 'table10_in_profile',
+           'row_variant', 'ShortRows', 'table_10', 'table_10_reference', 'figure_attention', 'table_attention_kl',
+           'claim_getter', 'claim_evidence']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -772,3 +776,355 @@ def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     return fig, kls
 
+
+# %% ../nbs/16_attndistill.ipynb #3cad96e2
+from .data import DATASETS
+
+def train_note(recipe: Mapping) -> str:
+    "The distillation images in words (dataset, and images per class where subsampled), for captions."
+    D = recipe["data"]
+    return f"{D['train']}" + (f", {D['train_per_class']} images per class" if D['train_per_class'] else "")
+
+def paper_requirements(recipe: Mapping) -> dict:
+    """Keyword arguments of `PaperRun.require_paper_resources` at the paper profile: the training the published
+    recipe costs, its datasets, and how to get the (unpublished) MAE ViT-S/16 teacher."""
+    P, D, IMG = recipe, recipe["data"], recipe["img_size"]
+    tr, n_img = P["short"]["train"], DATASETS[D["train"]].nominal_sizes["train"]
+    arch = dict(arch="vit", img_size=IMG, num_classes=0, **P["teacher_arch"])
+    return dict(
+        trains=f"{tr['epochs']} epochs over ImageNet-Subset (~{n_img:,} images) at {IMG} px, batch "
+        f"{tr.get('global_batch_size', tr.get('batch_size'))} (~{tr['epochs'] * n_img / 1e8:.0f} x 10^8 images through a "
+        "ViT-T student and the ViT-S teacher) for each Figure 6 / Table 10 / Figure 8 run and both Figure 7 MAE runs",
+        datasets=[D["train"], D["val"]],
+        teachers={P["teacher"]: f"MAE ViT-S/16 {P['teacher_arch']} pre-trained 3200 epochs on ImageNet-Subset, which is not "
+                  "published. Pre-train it (attnrepro.pretrain.pretrain_mae, or facebookresearch/mae) and save its encoder "
+                  f"with attnrepro.models.save_teacher(encoder, {P['teacher']!r}, dir=...) in a folder listed in "
+                  "$ATTNREPRO_TEACHERS (or the project's outputs/teachers/weights); a checkpoint of another project loads "
+                  f"with attnrepro.models.load_teacher(path, config={{'create_student': {arch}}}, key_map=...) first"})
+
+def table_7(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 7: the paper's configurations as printed, with tokens and parameters recomputed for timm ViTs at 224 px,
+    then (below the paper profile) this profile's teacher and students at its image size. Returns (table, caption)."""
+    P, pe_of = recipe, position_embedding_kind
+    rows = []
+    for r in load_reported("attndistill", "table7_network_configs").itertuples():
+        c = config_row(dict(embed_dim=int(r.dim), depth=int(r.layers), num_heads=int(r.heads), patch_size=int(r.patch_size)), 224)
+        rows.append(dict(setting=r.setting, role=r.role, model=r.model, pe=r.pe, layers=r.layers, dim=r.dim, heads=r.heads,
+                         patch_size=r.patch_size, **{"num_tokens (paper)": r.num_tokens, "num_tokens (timm, 224 px)": c["num_tokens"],
+                                                     "params_m (paper)": r.params_m, "params_m (timm, 224 px)": c["params_m"]}))
+    if profile != "paper":
+        t = get_teacher(P["teacher"])
+        shapes = {f"MAE teacher ({P['teacher'] if isinstance(P['teacher'], str) else 'tiny smoke teacher'})":
+                  ("teacher", {k: t.student_cfg[k] for k in ("embed_dim", "depth", "num_heads", "patch_size")}, pe_of(t, {}))}
+        shapes.update({f"student '{k}'": ("student", v, pe_of(create_student("vit", img_size=P["img_size"], num_classes=0, **v), v))
+                       for k, v in P["students"].items()})
+        for model, (role, kw, pe) in shapes.items():
+            c = config_row(kw, P["img_size"])
+            rows.append(dict(setting=f"ours ({profile}, {P['img_size']} px)", role=role, model=model, pe=pe,
+                             layers=c["layers"], dim=c["dim"], heads=c["heads"], patch_size=c["patch_size"],
+                             **{f"num_tokens (ours, {profile})": c["num_tokens"], f"params_m (ours, {profile})": c["params_m"]}))
+    return pd.DataFrame(rows), (
+        "Network configurations (Table 7). Paper rows: as printed, with tokens and parameters recomputed for "
+        "timm ViTs at 224 px (learnable position embedding; the paper's ImageNet-Subset models use fixed sin-cos, "
+        "which has 197 x dim fewer parameters). The paper prints 65 tokens for patch 32 at 224 px, where 7x7 + 1 = 50. "
+        f"'ours' rows: this profile's teacher and students at {P['img_size']} px.")
+
+# %% ../nbs/16_attndistill.ipynb #7be38efa
+def _recipe_rows(train: Mapping) -> dict:
+    "Table 8's settings of one distillation recipe (`train` of a profile schedule), in the paper's words."
+    bs = train.get("global_batch_size", train.get("batch_size"))   # paper recipes give the global batch
+    eff = train["lr"] * bs / train["lr_scale_batch"] if train.get("lr_scale_batch") else train["lr"]
+    return {"optimizer": "AdamW", "base learning rate": f"{train['lr']:g}" + (f" per {train['lr_scale_batch']}" if train.get("lr_scale_batch") else ""),
+            "effective learning rate": f"{eff:.3g}", "weight decay": train["weight_decay"],
+            "optimizer momentum": f"beta_1, beta_2 = {train['betas'][0]}, {train['betas'][1]}", "batch size": bs,
+            "learning rate schedule": "cosine decay", "warmup epochs": train["warmup_epochs"], "training epochs": train["epochs"],
+            "augmentation": "RandomResizedCrop (scale 0.2-1) + flip"}
+
+def table_8(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 8: the paper's distillation settings (with their conditions) beside this profile's two recipes, the
+    headline (Figure 6) and the short one (Table 10 / Figure 8). Returns (table, caption)."""
+    P = recipe
+    rep8 = load_reported("attndistill", "table8_pretrain_settings")
+    head_r, short_r = _recipe_rows(P["headline"]["train"]), _recipe_rows(P["short"]["train"])
+    rows = []
+    for key in head_r:
+        paper_vals = rep8[rep8.config == key]
+        pv = "; ".join(f"{v}" + (f" ({c})" if isinstance(c, str) else "") for v, c in zip(paper_vals.value, paper_vals.condition))
+        rows.append({"config": key, "paper": pv or "-", f"ours, {profile}: headline (Fig. 6)": head_r[key],
+                     f"ours, {profile}: Table 10 / Fig. 8 rows": short_r[key]})
+    return pd.DataFrame(rows), (
+        f"Distillation pre-training settings (Table 8) beside ours; data: {train_note(P)}. "
+        "Loss = PA (CLS regression through a 4-layer projector) + 0.1 x KL on the last block's CLS attention.")
+
+def table_9(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 9: the paper's linear-probe settings beside this profile's probe (`eval`). Returns (table, caption)."
+    E = recipe["eval"]
+    ours = {"optimizer": E.get("probe_optimizer", "SGD (momentum 0.9)").upper() if E.get("probe_optimizer") else "SGD (momentum 0.9)",
+            "base learning rate": f"{E['probe_lr']:g} per {E['probe_lr_scale_batch']}" if E.get("probe_lr_scale_batch") else E["probe_lr"],
+            "weight decay": 0, "optimizer momentum": 0.9, "batch size": E["probe_batch"],
+            "learning rate schedule": "cosine decay", "warmup epochs": E.get("probe_warmup_epochs", 0), "training epochs": E["probe_epochs"],
+            "augmentation": "none (frozen features of the eval transform)"}
+    rep9 = load_reported("attndistill", "table9_linear_probe_settings")
+    t9 = pd.DataFrame([{"config": r.config, "paper": r.value, f"ours, {profile}": ours.get(r.config, "-")} for r in rep9.itertuples()])
+    return t9, ("Linear-probe settings (Table 9) beside ours: MAE's BatchNorm(affine=False) + linear head on frozen "
+                "features; " + ("LARS as MAE's (attnrepro.train.LARS), lr = base lr x batch / 256. " if E.get("probe_optimizer") == "lars"
+                                else "plain SGD replaces LARS because our probe sets are far smaller than one LARS batch. ") +
+                f"k-NN: DINO's weighted vote, T = 0.07, k in {E['ks']}.")
+
+# %% ../nbs/16_attndistill.ipynb #bae2ffbb
+from .core import config_hash
+from .verdicts import arm, pilot_table, pooled_sd
+
+def pilot_order(pilot: Mapping) -> list[tuple[str, int]]:
+    "The pilot's runs (method, seed), seed by seed across both arms (PA 0, AD 0, PA 1, ...): an interruption leaves pairs."
+    return [(m, s) for s in sorted({s for v in pilot["arm_seeds"].values() for s in v}) for m in ("pa", "ad")
+            if s in pilot["arm_seeds"][m]]
+
+def table_pilot(recipe: Mapping, runs: Mapping[str, list], teacher_q: Mapping, n_cls: int, n_val: int,
+                n_train: int) -> tuple[pd.DataFrame, str]:
+    """The pilot table (`verdicts.pilot_table`, linear probe and 20-NN) of the PA and AttnDistill runs {"pa": [...],
+    "ad": [...]}, with the teacher's own score beside them and the paper's Table 10 gain as the effect to detect.
+    Returns (table, caption)."""
+    P, PL = recipe, recipe["pilot"]
+    rep10 = load_reported("attndistill", "table10_ablation_full").set_index("seed_line")
+    paper_gain = rep10.loc[128, "top1_lp"] - rep10.loc[127, "top1_lp"]   # 12 layers, 3 heads, patch 16: AttnDistill - PA
+    parts, paired = [], False
+    for key, label, teacher_val in (("lp_top1", "linear probe", teacher_q["lp_top1"]), ("knn20_top1", "20-NN", teacher_q["knn20_top1"])):
+        runs_k = {name: [dict(top1=r["eval"]["0"][key], n_val=n_val, wall_time_s=r["train_s"] + r["eval_s"],
+                              correct=r["eval"]["0"].get(key.replace("_top1", "_correct"))) for r in runs[m]]
+                  for name, m in (("PA (feature regression)", "pa"), ("PA + AttnDistill", "ad"))}
+        t = pilot_table(runs_k, "PA (feature regression)", chance=100 / n_cls, floor=PL["floor"],
+                        claimed={"PA + AttnDistill": paper_gain} if key == "lp_top1" else None)
+        paired = paired or bool(t.attrs["paired"])
+        t.insert(0, "metric", label)
+        t.insert(3, "teacher", teacher_val)
+        parts.append(t)
+    tr = PL["train"]
+    return pd.concat(parts, ignore_index=True), (
+        f"Pilot of the distillation schedule: base student ({P['students']['base']}) from {P['teacher']}, "
+        f"{tr['epochs']} epochs over {n_train} images (Figure 6 below: {P['headline']['train']['epochs']}, seeds {P['headline']['seeds']}), "
+        f"{n_val} val images, chance {100 / n_cls:.1f} %; 'teacher' = the teacher's own score, the ceiling a student of "
+        f"half its width approaches. Floor: {PL['floor']:g} % (how far the PA baseline must sit above chance for the "
+        f"re-run). Paper effect: Table 10 (ImageNet-Subset, ViT-T 3 heads), AttnDistill - PA = {paper_gain:+.1f} "
+        "linear-probe points. 'min per run': training + evaluation minutes on this machine's 2-core CPU."
+        + (" Effects are paired: both students scored on the same val images, the interval from the per-image "
+           "difference plus the seed spread (attnrepro.verdicts.paired_difference)." if paired else
+           " Effects treat each arm's val-set error as independent (runs without per-image hits)."))
+
+def pilot_reuse(recipe: Mapping, head_keys, fig_idx: Sequence[int] = ()) -> tuple[list, list]:
+    """Which headline runs (method, seed) are the pilot's seeds, and which of those have a config differing from the
+    pilot's run (so would retrain it; with `schedule: pilot` there must be none). Returns (shared, differ)."""
+    PL = recipe.get("pilot")
+    cfg = lambda m, sc, s: variant_config(recipe, f"base_{m}", sc, s, fig_idx)
+    shared = [(m, s) for m, s in head_keys if PL and s in PL["arm_seeds"][m]]
+    return shared, [k for k in shared if config_hash(cfg(k[0], "headline", k[1])) != config_hash(cfg(k[0], "pilot", k[1]))]
+
+def table_figure_6(recipe: Mapping, head: Mapping, teacher_q: Mapping, n_train: int) -> tuple[pd.DataFrame, str]:
+    """Figure 6 as numbers: the teacher and the headline students {(method, seed): run}, LP and 20-NN top-1 as mean,
+    std and count over seeds per method. Returns (table, caption)."""
+    P = recipe
+    rows = [dict(model="teacher (MAE)", method="-", seed="-", lp_top1=teacher_q["lp_top1"], knn20_top1=teacher_q["knn20_top1"])]
+    for (m, s), r in head.items():
+        rows.append(dict(model="student", method={"pa": "PA (no AttnDistill)", "ad": "AttnDistill"}[m], seed=s,
+                         lp_top1=r["eval"]["0"]["lp_top1"], knn20_top1=r["eval"]["0"]["knn20_top1"]))
+    summ = pd.DataFrame(rows).groupby(["model", "method"], sort=False)[["lp_top1", "knn20_top1"]].agg(["mean", "std", "count"])
+    summ.columns = [f"{a} {b}" for a, b in summ.columns]
+    recipe_note = " (the pilot's recipe)" if "schedule" in P["headline"] else ""
+    return summ.reset_index(), (
+        f"Figure 6 as numbers: linear-probe and 20-NN top-1 (%) on {P['data']['val']} val, mean / std over "
+        f"seeds {P['headline']['seeds']} ({P['headline']['train']['epochs']} epochs over {n_train} images{recipe_note}). "
+        "Paper values: in the main paper's Table 2 (not in the seed).")
+
+def runs_arm(runs: list, key: str, layer: int, name: str, n_test: int, **noise) -> Arm:
+    "An Arm over runs (seeds); a HitArm, compared paired, when every run stored its per-image hits (`*_correct`)."
+    ev = [r["eval"][str(layer)] for r in runs]
+    vals, hits = [e[key] for e in ev], [e.get(key.replace("_top1", "_correct")) for e in ev]
+    if all(h is not None for h in hits): return hit_arm(vals, hits, name, n_test=n_test, **noise)
+    return arm(vals, name, n_test=n_test, **noise)
+
+def table_figure_7(recipe: Mapping, curves: Mapping[str, Mapping]) -> tuple[pd.DataFrame, str]:
+    "Figure 7 as numbers: each MAE curve {who: mae_curve_run result} per evaluated epoch. Returns (table, caption)."
+    f7 = pd.concat([pd.DataFrame(c["curve"]).assign(model=f"MAE {who}-size") for who, c in curves.items()], ignore_index=True)
+    return f7[["model", "epoch", "lp_top1", "knn20_top1", "loss"]], (
+        f"Figure 7 as numbers: MAE pre-training on {train_note(recipe)}, top-1 (%) on {recipe['data']['val']} val after each evaluated epoch "
+        "(paper: ImageNet-Subset, epochs 1200-3200; its curves have no printed numbers).")
+
+# %% ../nbs/16_attndistill.ipynb #99ac89cd
+SWEEPS = {"projector": "proj_layers", "lambda": "lambdas", "T": "temperatures"}   # (d)/(e) studies -> profile lists
+REF_VARS = ("base_pa", "base_ad")   # the reference pair: several seeds at the short schedule, its sd borrowed by the rest
+
+def table10_in_profile(recipe: Mapping, rows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rows of `table10_rows` this profile's Table 10 has: every row, but a (d)/(e) sweep row only where its value is
+    in the profile's list. Raises if a run of `variants` has no row (the map must name every run)."""
+    rows = table10_rows() if rows is None else rows
+    unmapped = sorted(set(variants(recipe)) - set(rows.variant))
+    if unmapped:
+        raise ValueError(f"VARIANTS {unmapped} have no row in papers/attndistill/table10_rows.csv: add one row per run")
+    keep = [r.study not in SWEEPS or float(r.param) in [float(v) for v in recipe[SWEEPS[r.study]]] for r in rows.itertuples()]
+    return rows[keep]
+
+def row_variant(recipe: Mapping, r) -> str | None:
+    "Our run for a Table 10 row, or None (no run reproduces it, or its student shape is absent from this profile)."
+    return r.variant if r.variant and variants(recipe)[r.variant][0] in recipe["students"] else None
+
+class ShortRows:
+    """Table 10 / Figure 8 rows at the short schedule, on their runs: `short` {variant: its seed-0 run} and `ref_runs`
+    {(variant, seed): run} of the reference pair `REF_VARS`. A row's number is the mean over its runs (the pair's seeds,
+    else seed 0 alone); its Arm borrows the seed sd pooled over the pair (`spread`, in words `spread_note`)."""
+    def __init__(self, recipe: Mapping, rows: pd.DataFrame, short: Mapping, ref_runs: Mapping, n_val: int):
+        self.P, self.rows, self.short, self.ref_runs, self.n_val = recipe, rows, short, ref_runs, n_val
+        self.ref_seeds = recipe["short"].get("ref_seeds", [0])
+        self.opts = variants(recipe)
+        self.ref = {(v, k): runs_arm(self.runs(v), k, 0, f"{v} short", n_test=n_val)
+                    for v in REF_VARS for k in ("lp_top1", "knn20_top1")}
+        one = len(self.ref_seeds) <= 1
+        self.spread = {k: None if one else pooled_sd([self.ref[v, k] for v in REF_VARS]) for k in ("lp_top1", "knn20_top1")}
+        self.spread_note = ("no seed spread measured at the short schedule (one reference seed)" if one else
+                            "seed sd from the reference pair at this schedule ({} epochs; base PA and AttnDistill, seeds {}), "
+                            "borrowed by the one-seed rows: LP {:.2f} (df {:.0f}), 20-NN {:.2f} (df {:.0f})".format(
+                                recipe["short"]["train"]["epochs"], self.ref_seeds, *self.spread["lp_top1"], *self.spread["knn20_top1"]))
+        self._arms = {}
+
+    def variant(self, key_or_row) -> str | None:
+        "`row_variant` of a row (or its key)."
+        return row_variant(self.P, self.rows.loc[key_or_row] if isinstance(key_or_row, str) else key_or_row)
+
+    def runs(self, var: str) -> list:
+        "A row's runs: the reference pair's seeds for its two variants, seed 0 alone for every other."
+        return [self.ref_runs[var, s] for s in self.ref_seeds] if var in REF_VARS else [self.short[var]]
+
+    def val(self, var: str, layer: int = 0, key: str = "lp_top1") -> float | None:
+        "A row's number: the mean over its runs (None where a run has none, e.g. top-5 on a tiny class list)."
+        v = [r["eval"][str(layer)].get(key) for r in self.runs(var)]
+        return None if None in v else float(np.mean(v))
+
+    def lp(self, key: str) -> float:
+        "LP top-1 of a row (by key) at its eval layer."
+        r = self.rows.loc[key]
+        return self.val(self.variant(r), int(r.eval_layer))
+
+    def arm(self, var: str, layer: int = 0, key: str = "lp_top1") -> Arm:
+        "A row's Arm with the borrowed sd (one Arm per run and layer: a run is never compared with itself)."
+        if (var, layer, key) not in self._arms:
+            sd, df = self.spread[key] or (None, None)
+            self._arms[var, layer, key] = runs_arm(self.runs(var), key, layer, f"{var}@{layer}", n_test=self.n_val,
+                                                   sd_seed=sd, sd_df=df)
+        return self._arms[var, layer, key]
+
+    def shares(self, var: str) -> dict:
+        "Each loss term's part of the last epoch's total loss of a row's seed-0 run (`loss_shares`)."
+        return loss_shares(self.short[var]["losses"], {**BASE_OPTS, **self.opts[var][1]}["attn_weight"])
+
+    def attn_share(self, var: str) -> float:
+        "lambda * L_a / total loss, last epoch's mean: how much the attention term weighs in training."
+        return self.shares(var)["attn_share"]
+
+    def sweep(self, study: str) -> pd.DataFrame:
+        "The (e) rows of one study: swept value, our LP top-1 and the paper's."
+        rep10 = load_reported("attndistill", "table10_ablation_full").set_index("seed_line")
+        return pd.DataFrame([dict(value=float(r.param), lp_top1=self.val(self.variant(r)),
+                                  paper=rep10.top1_lp.get(int(r.seed_line)) if not pd.isna(r.seed_line) else None)
+                             for r in self.rows[self.rows.study == study].itertuples()])
+
+# %% ../nbs/16_attndistill.ipynb #88537d9c
+from .report import side_by_side
+
+def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 10, all groups: per row of `S.rows` the paper's LP top-1/top-5 and ours (mean over the row's runs at its
+    eval layer), 20-NN top-1 and the loss terms' shares of the seed-0 run; rows no run reproduces say why.
+    Returns (table, caption)."""
+    P = S.P
+    rep10 = load_reported("attndistill", "table10_ablation_full").set_index("seed_line")
+    rows = []
+    for r in S.rows.itertuples():
+        line, var, j = (None if pd.isna(r.seed_line) else int(r.seed_line)), S.variant(r), int(r.eval_layer)
+        row = dict(group=f"({r.group})", study=r.study, row=r.row, seed_line=line,
+                   **{"top1_lp (paper)": rep10.top1_lp.get(line) if line else None,
+                      "top5_lp (paper)": rep10.top5_lp.get(line) if line else None})
+        ours = f"top1_lp (ours, {profile})"
+        if var is None:
+            row[ours] = "not reproducible offline: " + r.unavailable.format(img_size=P["img_size"])
+        else:
+            sh = S.shares(var)
+            row.update({ours: S.val(var, j), f"top5_lp (ours, {profile})": S.val(var, j, "lp_top5"),
+                        f"knn20_top1 (ours, {profile})": S.val(var, j, "knn20_top1"), "seeds": len(S.runs(var)),
+                        f"L_feat (ours, {profile})": sh["feat"], f"L_a raw (ours, {profile})": sh["attn_raw"],
+                        f"lambda x L_a (ours, {profile})": sh["attn_weighted"],
+                        f"attn term % of loss (ours, {profile})": 100 * sh["attn_share"], "variant": var})
+        rows.append(row)
+    t10 = pd.DataFrame(rows)
+    t10["seed_line"] = t10.seed_line.astype("Int64")
+    return t10, (
+        "Table 10, all six groups: linear-probe top-1/top-5 (%); ours at the SHORT schedule "
+        f"({P['short']['train']['epochs']} epoch(s) over {train_note(P)}; seed 0, or the mean over the reference pair's "
+        f"seeds where `seeds` > 1) on {P['data']['val']} val, plus "
+        "20-NN top-1. seed_line = the paper row (reported/table10_ablation_full.csv; rows mapped in "
+        "papers/attndistill/table10_rows.csv); the (f) 'weight by V' paper value "
+        "is line 172, whose attribution to V or MSE is uncertain, and the MSE row's number is lost in the extraction; "
+        "(f) 'AttnDistill' repeats line 141. "
+        + ("" if profile == "paper" else "Proxy: ImageNet-Subset -> Tiny-ImageNet subset at 64 px. ") +
+        "Loss terms, last epoch's means (seed 0): L_feat (feature regression), L_a raw (the attention KL/MSE, unweighted), "
+        "lambda x L_a, and attn term % of loss = 100 lambda x L_a / total loss (the aggregated-head rows' attention "
+        "term is ~1 %: log-sum aggregation at T = 10 flattens both maps, as in the official code; see the note below). "
+        + f"Claims on these rows: {S.spread_note}.")
+
+def table_10_reference(teacher_q: Mapping, curves: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 10's header: the paper's teacher and MAE-only student beside ours (the teacher's quality run and the final
+    point of Figure 7's student-size MAE curve). Returns (table, caption)."""
+    ref = load_reported("attndistill", "table10_reference_models")
+    ours = pd.DataFrame([dict(role="teacher", top1_lp=teacher_q["lp_top1"], top5_lp=teacher_q["lp_top5"]),
+                         dict(role="student", top1_lp=curves["student"]["curve"][-1]["lp_top1"], top5_lp=None)])
+    return (side_by_side(ref, ours, on=["role"], values=["top1_lp", "top5_lp"], profile=profile),
+            "Table 10 header: the teacher and an MAE-only student-size ViT (our MAE student from Figure 7's run).")
+
+def figure_attention(i: int, image: torch.Tensor, teacher_q: Mapping, teacher_grid, short: Mapping,
+                     methods: Mapping[str, str], val_eval, img_i: int) -> tuple:
+    """Figure 9 + i: `plot_cls_attention` of val image `img_i` (the i-th figure image) for the teacher and the runs
+    {label: variant} of `methods`. Returns (figure, its rows of the KL table)."""
+    students = {name: (short[v]["fig_maps"][i], short[v]["grid"]) for name, v in methods.items()}
+    fig, kls = plot_cls_attention(image, torch.tensor(teacher_q["fig_maps"])[i], teacher_grid, students,
+                                  f"Figure {9 + i}: val image {img_i}")
+    name = f"val[{img_i}] {val_eval.classes[val_eval.targets[img_i]].split(',')[0]}"
+    return fig, [dict(image=name, method=m, kl_to_teacher=kl, **{"KL x 1e3": 1e3 * kl}) for m, kl in kls.items()]
+
+def table_attention_kl(rows: list[dict]) -> tuple[pd.DataFrame, str]:
+    "The KL table of Figures 9-11 from `figure_attention`'s rows. Returns (table, caption)."
+    return pd.DataFrame(rows), ("KL distance (log-sum aggregation, T = 10) of each student's aggregated last-block CLS "
+                                "attention to the teacher's, for the three images of Figures 9-11 (short schedule; paper: "
+                                "values printed under each map, not transcribed).")
+
+# %% ../nbs/16_attndistill.ipynb #19157f48
+HEAD_ARM = {"base_pa": "pa", "base_ad": "ad"}   # the headline runs are the base student's PA and AttnDistill
+
+def claim_getter(S: ShortRows, head: Mapping, seeds: Sequence[int]) -> Callable:
+    """`get(key, metric, schedule)` for `attndistill_claims` on our runs: a Table 10 row's Arm at the short schedule
+    (`S.arm`), or at the `headline` schedule the headline Arms `head` {(method, metric): Arm}; else why there is none."""
+    def get(key: str, metric: str = "lp_top1", schedule: str = "short"):
+        if key not in S.rows.index: return "not in this profile's Table 10"
+        r = S.rows.loc[key]
+        var = S.variant(r)
+        if var is None: return r.unavailable.format(img_size=S.P["img_size"]) or "no run reproduces this row"
+        if schedule == "headline":
+            if len(seeds) < 2: return "one headline seed: no seed spread measured"
+            return head[HEAD_ARM[var], metric] if var in HEAD_ARM else f"{var} has no headline runs"
+        return S.arm(var, int(r.eval_layer), metric)
+    return get
+
+def claim_evidence(S: ShortRows, head: Mapping, seeds: Sequence[int], teacher_q: Mapping) -> dict[str, str]:
+    "The evidence line of each claim {id: text}: the numbers it compares, and the borrowed seed spread."
+    H = {k: a.mean for k, a in head.items()}
+    T10, lp, share = S.rows, S.lp, lambda key: 100 * S.attn_share(S.variant(key))
+    pairs = {k: v for k, v in CLAIM_ROWS["2"].items() if all(S.variant(x) for x in v)}
+    kl_key, alts = CLAIM_ROWS["3"]
+    proj = T10[T10.group == CLAIM_ROWS["4"]]
+    return {
+        "1": f"headline (seeds {seeds}): LP {H['pa', 'lp_top1']:.2f} -> {H['ad', 'lp_top1']:.2f}, 20-NN "
+             f"{H['pa', 'knn20_top1']:.2f} -> {H['ad', 'knn20_top1']:.2f}; k-NN gap to the teacher "
+             f"{teacher_q['knn20_top1'] - H['pa', 'knn20_top1']:.2f} -> {teacher_q['knn20_top1'] - H['ad', 'knn20_top1']:.2f}",
+        "2": "LP PA -> AttnDistill (short schedule; share of the attention term in the loss): " + ", ".join(
+             f"{k} {lp(a):.2f} -> {lp(b):.2f} ({share(b):.1f} %)" for k, (a, b) in pairs.items()) + f"; {S.spread_note}",
+        "3": "combo student LP (share of the attention term in the loss): " + ", ".join(
+             f"{k} {lp(v):.2f} ({share(v):.1f} %)" for k, v in {"KL": kl_key, **alts}.items()) + f"; {S.spread_note}",
+        "4": "LP by projector depth at eval layers 0..n: " + "; ".join(
+             f"P{int(n)}: " + "/".join(f"{lp(k):.2f}" for k in g.key) for n, g in proj.groupby("param", sort=False))
+             + f"; margin 0.5 point; {S.spread_note}"}

@@ -20,16 +20,22 @@ from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, projec
 
 # %% auto #0
 __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'FAR_POINTS',
-           'SHARED_COST_POINTS', 'NO_SPREAD', 'CLAIM_TEXTS', 'head_offsets', 'neighbourhood_matrices',
-           'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
-           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
-           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_', 'load_run_data', 'vit_spec',
-           'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval',
-           'visualize', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
-           'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
-           'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
-           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity',
-           'plot_layer_removal', 'plot_viz_rows']
+           'SHARED_COST_POINTS', 'NO_SPREAD', 'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS',
+           'PAPER_T3', 'NAMES4', 'head_offsets', 'neighbourhood_matrices', 'generalized_conv_matrix_form',
+           'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers', 'AgentCNN', 'describe_agent',
+           'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method', 'sam_method', 'EntmaxBisect',
+           'entmax_bisect', 'sparse_attention_', 'load_run_data', 'vit_spec', 'make_agent', 'pretrained_vit',
+           'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval', 'visualize', 'train_run',
+           'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse',
+           'claim_vit_above_agent', 'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd',
+           'claim_decay_helps', 'claim_sequence_beats_avgpool', 'claim_reslike_beats_base',
+           'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity', 'plot_layer_removal',
+           'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements', 'table_2',
+           'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_requests', 'headline_arms', 'SeedNoise',
+           'table_seed_spread', 'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs', 'fraction_runnable',
+           'fraction_regime', 'table_3', 'table_4', 'table_5', 'sweep_regime', 'table_sensitivity',
+           'table_layer_removal', 'viz_figures', 'dataset_evidence', 'table4_arms', 'table5_arms', 'fraction_arms',
+           'fraction_evidence']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -896,3 +902,401 @@ def plot_viz_rows(image: torch.Tensor, rows: Sequence[tuple[str, Mapping, str]],
     fig.tight_layout(rect=(0, 0, 1, top))
     return fig
 
+
+# %% ../nbs/13_bootstrapping.ipynb #d50c97c2
+import json
+from dataclasses import replace
+from typing import Callable
+
+import pandas as pd
+
+from .core import config_hash
+from .report import load_reported, side_by_side
+from .verdicts import arm, pilot_table, pooled_sd
+
+SHORT = "bootstrapping_vit"
+COLUMN = {"c10": "CIFAR-10", "c100": "CIFAR-100"}  # the paper's dataset column each of our datasets stands for
+
+def beside(table_id: str, ours: pd.DataFrame, on: list[str], values: list[str], profile: str) -> pd.DataFrame:
+    "Ours beside the paper's table `table_id` (the paper's rows in its order, rows only we have last)."
+    return side_by_side(load_reported(SHORT, table_id), ours, on=on, values=values, profile=profile)
+
+def reason_not_run(what: str, profile: str) -> str:
+    "A table row's note where the profile does not run it."
+    return f"not run at {profile} (budget): {what}; see profiles.yaml"
+
+def dataset_labels(recipe: Mapping, profile: str) -> dict[str, str]:
+    "Our datasets by the paper's column: CIFAR-10, and CIFAR-100 (its 'proxy' below the paper profile)."
+    return {ds: COLUMN[ds] + (" proxy" if ds == "c100" and profile != "paper" else "") for ds in ("c10", "c100")}
+
+def paper_requirements(recipe: Mapping) -> dict:
+    "Keyword arguments of `PaperRun.require_paper_resources` at the paper profile: what the grid trains, its datasets."
+    P, IMG = recipe, recipe["img_size"]
+    sizes = ", ".join(f"ViT-{s} {v['depth']} x {v['embed_dim']}, {v['num_heads']} heads" for s, v in P["vits"].items())
+    trains = (f"every row of Tables 1 and 3-5 and Figures 5-7 for {P['train']['epochs']} epochs at {IMG} px, patch {P['patch_size']} "
+              f"({sizes}, their agent CNNs, {' and '.join(P['cnn_baselines'])}; batch {P['train']['batch_size']}) on "
+              + ", ".join(d["label"] for d in P["datasets"].values()) + " (the authors used two A100 GPUs)")
+    return dict(trains=trains, datasets=[d["name"] for d in P["datasets"].values()])
+
+def table_2(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 2: layers, width and heads of the ViTs and agents at this profile beside the paper's. Returns (table, caption)."
+    P = recipe
+    t2 = pd.DataFrame([dict(model=f"{kind}-{s}", layers=v["depth"], hidden_size=v["embed_dim"], heads=v["num_heads"])
+                       for kind in ("ViT", "Agent") for s, v in P["vits"].items()])
+    t2 = beside("table2_configs", t2, on=["model"], values=["layers", "hidden_size", "heads"], profile=profile)
+    return t2, (f"Configurations of the ViTs and agents (Table 2). Ours at {P['img_size']} px, patch {P['patch_size']}"
+                f"{'; ViT-S/4 and ViT-B/4 are the paper sizes at a quarter of the width' if profile != 'paper' else ''}.")
+
+def table_agent_layers(recipe: Mapping, arch: str, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 6 (`arch` "base") or 7 ("res_like"): our `AgentCNN` of each ViT size as built (`describe_agent` grouped
+    into the paper's stages, 100 classes) beside the paper's strings, with our output shapes. Returns (table, caption)."""
+    P = recipe
+    tid = {"base": "table6_base_agent_layers", "res_like": "table7_reslike_agent_layers"}[arch]
+    stem_note = "" if arch == "base" or P["agent"]["stem_pool"] else " The res-like stem has no max-pool at this profile (see above)."
+    rows = []
+    for s in P["vits"]:
+        v = create_student("vit", num_classes=100, **vit_spec(P, s))
+        for r in agent_stages(describe_agent(make_agent(v, dict(P["agent"], arch=arch)))):
+            rows.append(dict(agent=f"Agent-{s}", **r))
+    ours = pd.DataFrame(rows)
+    t = beside(tid, ours, on=["agent", "stage"], values=["spec", "repeats"], profile=profile)
+    t = t.merge(ours[["agent", "stage", "output"]].rename(columns={"output": f"output C,h,w (ours, {profile})"}),
+                on=["agent", "stage"], how="left")
+    return t, (f"{'Base' if arch == 'base' else 'Res-like'} agent CNN architecture (Table {6 if arch == 'base' else 7}), "
+               f"generated from our AgentCNN at {P['img_size']} px (100 classes); paper at 224 px.{stem_note}")
+
+# %% ../nbs/13_bootstrapping.ipynb #1a01c886
+def pilot_runs(pilot: Mapping, rnd: Mapping, run: Callable) -> dict[str, list]:
+    """One round of the pilot (`rnd`: the profile's `pilot`, or its `long`; epochs, arm_seeds, joint_ablations,
+    joint_variants) on `run`: ViT from scratch and Joint (ViT + res-like agent) over their arm seeds, then one seed of
+    each loss ablation (which term costs the ViT; they borrow the spread) and each agent / hint variant. Returns
+    {pilot table row: its runs}, scratch first."""
+    epochs, arm_seeds = rnd["epochs"], rnd["arm_seeds"]
+    kw = dict(ds=pilot["dataset"], fraction=pilot["fraction"], epochs=epochs, patch=pilot["patch_size"])
+    tag = "" if epochs == pilot["epochs"] else f" {epochs} ep"   # names of the first round's runs stay as they were
+    res = {m: [run(m, name=f"pilot{tag} {m} seed {s}", seed=s, **kw) for s in arm_seeds[m]] for m in ("ViT", "Joint")}
+    runs = {"ViT (scratch)": res["ViT"], "Joint (ViT)": res["Joint"]}
+    s0 = arm_seeds["Joint"][0]
+    for ab in rnd.get("joint_ablations", []):
+        runs[f"Joint (ViT), {', '.join(f'{k}={v:g}' for k, v in ab.items())}"] = [
+            run("Joint", name=f"pilot{tag} Joint {ab} seed {s0}", seed=s0, **kw, **ab)]
+    for v in rnd.get("joint_variants", []):   # label, arch, agent, loss; one seed unless it names its seeds
+        runs[f"Joint (ViT), {v['label']}"] = [
+            run("Joint", name=f"pilot{tag} Joint {v['label']} seed {s}", seed=s, arch=v.get("arch", "res_like"),
+                **kw, **({"agent": v["agent"]} if v.get("agent") else {}), **v.get("loss", {}))
+            for s in v.get("seeds", arm_seeds["Joint"][:1])]
+    return runs
+
+def table_pilot(recipe: Mapping, runs: Mapping[str, list], epochs: int) -> tuple[pd.DataFrame, str]:
+    """The pilot table (`verdicts.pilot_table`) of one round's `pilot_runs`: scratch against the floor, the seed spread,
+    each Joint row's effect, and the seeds needed for the paper's Table 1 gain. Returns (table, caption)."""
+    P, PL = recipe, recipe["pilot"]
+    rep1 = load_reported(SHORT, "table1_cifar")
+    gain = rep1[(rep1.group == "Ours Joint") & (rep1.model == "ViT-S") & (rep1.dataset == "CIFAR-10")].top1_gain.iloc[0]
+    d = P["datasets"][PL["dataset"]]
+    n_cls = len(get_dataset(d["name"], "train").classes)
+    pilot = pilot_table(runs, "ViT (scratch)", chance=100 / n_cls, floor=PL["floor"], claimed={"Joint (ViT)": gain})
+    psd, pdf = pilot.attrs["pooled_sd"]
+    agent_accs = ", ".join(f"{r['agent_top1']:.2f}" for r in runs["Joint (ViT)"])
+    r0, v, IMG = runs["ViT (scratch)"][0], P["vits"]["S"], P["img_size"]
+    return pilot, (
+        f"Pilot of the CIFAR-10 regime: {d['name']} {r0['n_train']} train images ({PL['fraction']:.0%}), "
+        f"{r0['n_val']} test images, {IMG} px, ViT-S/4 (embed {v['embed_dim']}, depth {v['depth']}, "
+        f"{v['num_heads']} heads) with patch {PL['patch_size']} ({(IMG // PL['patch_size']) ** 2} tokens), {epochs} "
+        f"epochs, the headline recipe; Joint = ViT + res-like agent, mutual KD and feature hints (the jointly "
+        f"trained agent CNN scores {agent_accs}). Pooled seed sd {psd:.2f} (df {pdf:.0f}); chance "
+        f"{100 / n_cls:.0f} %. Paper effect: Table 1, Ours-Joint ViT-S - ViT-S on CIFAR-10 (224 px, 240 epochs) = "
+        f"{gain:+.2f}. Minutes per run on this machine's 2-core CPU.")
+
+# %% ../nbs/13_bootstrapping.ipynb #4e0189bd
+# the rows rerun over seeds: (key, method, result field, Arm name, loss options); the agent row is Joint's run
+HEADLINE = (("scratch", "ViT", "top1", "scratch", {}), ("joint", "Joint", "top1", "Joint", {}),
+            ("agent", "Joint", "agent_top1", "Joint's agent", {}), ("shared", "Shared", "top1", "Shared", {}),
+            # a diagnostic row (the pilot: mutual KD alone helps, the hint costs at short schedules)
+            ("joint_nohint", "Joint", "top1", "Joint without hint", {"w_hint": 0.0}))
+HEADLINE_LABELS = (("scratch", "ViT-S (scratch)"), ("joint", "ViT-S (Ours Joint)"), ("agent", "Agent-S (Ours Joint)"),
+                   ("shared", "ViT-S (Ours Shared)"), ("joint_nohint", "ViT-S (Ours Joint without the feature hint, w_hint 0)"))
+
+def headline_requests(ds: str, seeds: Sequence[int]) -> list[tuple[str, dict]]:
+    "The headline runs of dataset `ds` as (method, run kwargs), seed by seed (a cut-off grid leaves whole seeds)."
+    runs = {(m, json.dumps(loss)): (m, loss) for _, m, _, _, loss in HEADLINE}.values()
+    return [("ViT", dict(ds=ds))] + [(m, dict(ds=ds, seed=s, **loss)) for s in seeds for m, loss in runs]
+
+def headline_arms(run: Callable, ds: str, seeds: Sequence[int]) -> dict[str, Arm]:
+    "The headline rows of `ds` as Arms {key: per-seed top-1 on the full val set}, from `run`."
+    n = run("ViT", ds=ds)["n_val"]
+    return {k: arm([run(m, ds=ds, seed=s, **loss)[key] for s in seeds], name, n_test=n) for k, m, key, name, loss in HEADLINE}
+
+class SeedNoise:
+    """The seed noise of the profile's runs: per dataset the seed sd pooled over its headline Arms `head` {ds: {key:
+    Arm}} (`spread`; None with one seed), which the one-seed rows borrow (`one_seed`), and the sentences captions and
+    evidence give it (`note`, `borrowed`)."""
+    def __init__(self, recipe: Mapping, head: Mapping, ds_label: Mapping[str, str], seeds_of: Mapping[str, list]):
+        self.P, self.head, self.ds_label, self.seeds_of = recipe, head, ds_label, seeds_of
+        self.spread = {ds: pooled_sd(head[ds].values()) if len(seeds_of[ds]) > 1 else None for ds in ds_label}
+
+    def one_seed(self, res: Mapping, name: str, ds: str, key: str = "top1") -> Arm:
+        "A row run once; its seed sd is borrowed from dataset `ds`'s headline rows when they have several seeds."
+        sd = self.spread.get(ds)   # None also for a dataset without headline rows (the paper's ImageNet pool of Table 3)
+        return arm([res[key]], name, n_test=res["n_val"], **(dict(sd_seed=sd[0], sd_df=sd[1]) if sd else {}))
+
+    def note(self, ds: str, regime: str = "", claims: bool = True) -> str:
+        "Caption / evidence sentence: the seed noise of one-seed rows (`claims`: rows that claims are made on)."
+        if self.spread.get(ds) is None:
+            label = self.ds_label.get(ds, self.P["datasets"][ds]["label"])
+            seeds_ = self.seeds_of.get(ds, list(self.P["seeds"]))
+            return (f"One seed per row and no measured seed spread for {label} at this profile (seeds {seeds_}): "
+                    + ("claims on these rows are untestable." if claims else "gaps between rows are not findings."))
+        sd, df = self.spread[ds]
+        return (f"{'One-seed rows borrow the' if claims else 'Seed noise: the'} seed sd {sd:.2f} points (df {df:.0f}) pooled "
+                f"over the {len(self.seeds_of[ds])}-seed headline rows of {self.ds_label[ds]} (table 1_seed_spread)"
+                f"{'; ' + regime if regime else ''}.")
+
+    def borrowed(self, *dss: str, regime: str = "") -> str:
+        "Evidence suffix naming the borrowed seed sd (none without one: the verdict then says untestable)."
+        return "".join(f". {self.note(ds, regime)}" for ds in dss if self.spread.get(ds))
+
+def table_seed_spread(noise: SeedNoise) -> tuple[pd.DataFrame, str]:
+    "Table 1_seed_spread: each headline row's top-1 over seeds per dataset, and the pooled sd. Returns (table, caption)."
+    L, S = noise.ds_label, noise.spread
+    spread = pd.DataFrame([dict(dataset=L[ds], model=label, seeds=a.n, mean=a.mean, std=a.sd, min=min(a.values),
+                                max=max(a.values)) for ds in L for k, label in HEADLINE_LABELS for a in [noise.head[ds][k]]])
+    pooled = "; ".join(f"{L[ds]} {S[ds][0]:.2f} (df {S[ds][1]:.0f})" if S[ds] else f"{L[ds]} none (one seed)" for ds in L)
+    return spread, (f"Top-1 (%) of the headline rows over seeds {noise.seeds_of} (std: sample sd over seeds, nan "
+                    f"with one seed). Pooled seed sd per dataset, borrowed by the one-seed rows of the claims: {pooled}.")
+
+# %% ../nbs/13_bootstrapping.ipynb #b8d31f0d
+def _t1_row(group, model, dataset, res=None, key="top1", gain_over=None, note="", dagger=0, shared_agent=False) -> dict:
+    "One Table 1 row of a run `res` (None: not run, `note` says why); params / FLOPs per image, FLOPs as MACs."
+    r = dict(group=group, model=model, dagger=dagger, dataset=COLUMN[dataset], top1=np.nan, top1_gain=np.nan,
+             params_m=np.nan, flops_g=np.nan, note=note)
+    if res is not None:
+        agent = key == "agent_top1"
+        r["top1"] = res[key]
+        if not shared_agent:
+            r["params_m"] = res["agent_params" if agent else "params"] / 1e6
+            r["flops_g"] = res["agent_flops" if agent else "flops"] / 2e9  # MACs, as the paper's column
+        if gain_over is not None: r["top1_gain"] = res[key] - gain_over
+    return r
+
+def _pretrained_note(recipe: Mapping, s: str, status: str | None, skip: str, profile: str) -> str:
+    "Why the pre-trained ViT-`s` row runs as it does, or why it cannot run (`teacher_status` of its spec)."
+    spec = recipe["pretrained"][s]
+    if status == "none" and profile == "paper":
+        return (f"not run: no pre-trained ViT-{s} is named (pretrained.{s}: null in papers/{SHORT}/profiles.yaml)"
+                + ("; the authors' ImageNet-pre-trained ViT-S (6 x 288, 9 heads) is not published: set pretrained.S to "
+                   "a get_teacher spec of such a model (a checkpoint file) to run this row" if s == "S" else ""))
+    if status == "none":
+        return ("not reproducible offline: DeiT's ImageNet-1k weights (the dagger row) are not available offline"
+                if s == "B" else "not reproducible offline: no ImageNet-pre-trained ViT-S exists offline")
+    if status is None and isinstance(spec, str) and spec.startswith("timm:"):
+        return skip or f"{spec} (hub weights) fine-tuned with a new head"
+    return status or skip or (f"the project's teacher {spec} fine-tuned (its own size: see params; "
+                              "pre-trained with labels on the whole Tiny-ImageNet subset, so on the proxy column it "
+                              "has seen more labelled images of the same task)"
+                              if isinstance(spec, str) else "tiny smoke teacher fine-tuned")
+
+def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 1 on CIFAR-10 and the CIFAR-100 column, from `run` (first seed): per dataset the CNNs (ResNet-50,
+    EfficientNet-B2: where the profile's `cnn_baselines` has them), then per ViT size (those in `sizes`) the agent alone,
+    the ViT from scratch, ViT-SAM, ViT-Sparse, the pre-trained ViT fine-tuned, Ours Joint and Ours Shared (agent and ViT
+    rows of one run; top1_gain over the ViT from scratch). Rows not run say why. Returns (table, caption)."""
+    P, rows = recipe, []
+    pre_status = {s: teacher_status(P["pretrained"][s]) for s in P["vits"]}
+    for ds in ("c10", "c100"):
+        for cnn in CNN_TIMM:
+            on = CNN_TIMM[cnn] in P["cnn_baselines"]
+            rows.append(_t1_row("CNNs", cnn, ds, run(cnn, ds=ds) if on else None,
+                                note="" if on else reason_not_run("8-9x a ViT-S/4 step per image on this CPU", profile)))
+        for s in P["vits"]:
+            on = s in P["sizes"]
+            skip = "" if on else reason_not_run(f"size {s}", profile)
+            rows.append(_t1_row("CNNs", f"Agent-{s}", ds, run("Agent", ds=ds, size=s) if on else None, note=skip))
+            vit = run("ViT", ds=ds, size=s) if on else None
+            rows.append(_t1_row("ViTs", f"ViT-{s}", ds, vit, note=skip))
+            rows.append(_t1_row("ViTs", f"ViT-{s}-SAM", ds, run("ViT-SAM", ds=ds, size=s) if on else None, note=skip))
+            rows.append(_t1_row("ViTs", f"ViT-{s}-Sparse", ds, run("ViT-Sparse", ds=ds, size=s) if on else None, note=skip))
+            st = pre_status[s]
+            rows.append(_t1_row("Pre-trained ViTs", f"ViT-{s}", ds, run("Pretrained", ds=ds, size=s) if on and st is None else None,
+                                note=_pretrained_note(P, s, st, skip, profile), dagger=int(s == "B")))
+            for group, meth in (("Ours Joint", "Joint"), ("Ours Shared", "Shared")):
+                r = run(meth, ds=ds, size=s) if on else None
+                rows.append(_t1_row(group, f"Agent-{s}", ds, r, key="agent_top1", note=skip, shared_agent=meth == "Shared"))
+                rows.append(_t1_row(group, f"ViT-{s}", ds, r, gain_over=vit["top1"] if vit else None, note=skip))
+    ours1 = pd.DataFrame(rows)
+    keys1 = ["group", "model", "dagger", "dataset"]
+    t1 = beside("table1_cifar", ours1, on=keys1, values=["top1", "top1_gain", "params_m", "flops_g"], profile=profile)
+    t1 = t1.merge(ours1[keys1 + ["note"]], on=keys1, how="left")
+    t1.insert(4, "ours on", t1["dataset"].map({COLUMN[k]: P["datasets"][k]["label"] for k in COLUMN}))
+    t1.attrs["note"] = P.get("note", "")
+    return t1, ("Top-1 (%), params (M), FLOPs (G multiply-accumulates) on CIFAR-10 and CIFAR-100 (Table 1). "
+                "Ours: CIFAR-100 column = the Tiny-ImageNet proxy named in 'ours on'; ViT-S/B = our scaled sizes (Table 2); "
+                f"final epoch on the full val/test set, seed {P['seeds'][0]}. "
+                + " ".join(dict.fromkeys(noise.note(ds) for ds in noise.ds_label)))
+
+# %% ../nbs/13_bootstrapping.ipynb #da346777
+# Table 3's methods: our run's method -> the paper's row (its ViT-B / Agent-B are this profile's trained size)
+PAPER_T3 = {"ResNet50": "ResNet50", "Agent": "Agent-B", "ViT": "ViT-B", "ViT-SAM": "ViT-B-SAM", "ViT-Sparse": "ViT-B-Sparse",
+            "Joint": "Ours-Joint", "Shared": "Ours-Shared"}
+
+def _pct(f: float) -> str: return f"{int(round(100 * f))} %"
+
+def fraction_pool(recipe: Mapping) -> str:
+    "The dataset whose training split Table 3's fractions are taken of (`fractions.pool`; the paper's: ImageNet-1k)."
+    return recipe["fractions"].get("pool", "c100")
+
+def fraction_size(recipe: Mapping) -> str:
+    "Table 3's model size: B where the profile trains it, else S."
+    return "B" if "B" in recipe["sizes"] else "S"
+
+def fraction_epochs(recipe: Mapping, f: float) -> dict:
+    "With `equal_steps`, as many optimizer steps at fraction f as the pool's headline fraction trains (else: its epochs)."
+    if not recipe["fractions"].get("equal_steps"): return {}
+    d = recipe["datasets"][fraction_pool(recipe)]
+    return dict(epochs=max(1, round(d.get("epochs", recipe["train"]["epochs"]) * d["fraction"] / f)))
+
+def fraction_runnable(recipe: Mapping, meth: str, f: float) -> bool:
+    "Whether the profile runs method `meth` at fraction f (`fractions.methods`, or `methods_full` at the largest)."
+    FR = recipe["fractions"]
+    wanted = FR["methods"] if f < max(FR["values"]) else FR["methods_full"]
+    return meth in wanted and (meth != "ResNet50" or "resnet50" in recipe["cnn_baselines"])
+
+def fraction_regime(recipe: Mapping) -> str:
+    "Evidence clause: how Table 3's one-seed rows differ from the headline rows whose seed sd they borrow."
+    FR, pool = recipe["fractions"], fraction_pool(recipe)
+    return (f"the closest regime: the headline rows train on {_pct(recipe['datasets'][pool]['fraction'])} of the pool"
+            + (" with as many optimizer steps" if FR.get("equal_steps") else ""))
+
+def table_3(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 3 from `runs` {(method, fraction): run or None}: top-1 per method and fraction, top1_gain of Ours over the
+    ViT at the same fraction, beside the paper's ImageNet-1k numbers. Returns (table, caption)."""
+    P, FR, POOL, size = recipe, recipe["fractions"], fraction_pool(recipe), fraction_size(recipe)
+    names = {"ResNet50": "ResNet50", "Agent": f"Agent-{size}", "ViT": f"ViT-{size}", "ViT-SAM": f"ViT-{size}-SAM",
+             "ViT-Sparse": f"ViT-{size}-Sparse", "Joint": "Ours-Joint", "Shared": "Ours-Shared"}
+    ours3 = pd.DataFrame([dict(method=PAPER_T3[meth], fraction=int(round(100 * f)), top1=res["top1"] if res else np.nan,
+                               note="" if res else reason_not_run(f"{meth} at {int(round(100 * f))} %", profile),
+                               **{"ours": names[meth]}) for (meth, f), res in runs.items()])
+    for i, r in ours3.iterrows():
+        if r["method"].startswith("Ours"):
+            base = ours3[(ours3["method"] == "ViT-B") & (ours3["fraction"] == r["fraction"])]["top1"].iloc[0]
+            ours3.loc[i, "top1_gain"] = r["top1"] - base
+    t3 = beside("table3_imagenet_subsets", ours3, on=["method", "fraction"], values=["top1", "top1_gain"], profile=profile)
+    t3 = t3.merge(ours3[["method", "fraction", "ours", "note"]], on=["method", "fraction"], how="left")
+    return t3, ("Top-1 (%) with 5 / 10 / 50 % of the labelled training images (Table 3). "
+                + (f"Ours: fractions of {P['datasets'][POOL]['label'].split(',')[0]} instead of ImageNet-1k, model size "
+                   if P["datasets"][POOL]["name"] != "imagenet" else "Ours: fractions of ImageNet-1k as in the paper, model size ")
+                + f"{size} ('ours' column)"
+                + (", epochs per fraction " + ", ".join(f"{_pct(f)}: {fraction_epochs(P, f)['epochs']}" for f in FR["values"])
+                   + " (equal optimizer steps)" if FR.get("equal_steps") else "")
+                + f"; top1_gain = Ours minus the ViT at the same fraction. " + noise.note(POOL, fraction_regime(P)))
+
+# %% ../nbs/13_bootstrapping.ipynb #1458d39b
+def table_4(recipe: Mapping, rows: Sequence[tuple], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 4 from `rows` [(setting, mutual, feat, run)] on the ablation dataset: our ViT (and agent) top-1 and CPU
+    training hours beside the paper's. Returns (table, caption)."""
+    P, ABL = recipe, recipe.get("ablation_dataset", "c100")
+    ours4 = pd.DataFrame([dict(setting=s, mutual=m, feat=f, top1=r["top1"], agent_top1=r.get("agent_top1", np.nan),
+                               training_time_h=r["wall_time_s"] / 3600) for s, m, f, r in rows])
+    t4 = beside("table4_loss_ablation", ours4, on=["setting", "mutual", "feat"], values=["top1", "training_time_h"], profile=profile)
+    t4 = t4.merge(ours4[["setting", "mutual", "feat", "agent_top1"]].rename(columns={"agent_top1": f"agent top1 (ours, {profile})"}),
+                  on=["setting", "mutual", "feat"], how="left")
+    return t4, (f"Ablation of the joint-learning ViT-S on CIFAR-100 (Table 4); ours on {noise.ds_label[ABL]} "
+                f"({P['datasets'][ABL]['label']}). Training time: ours = CPU wall time of the run. Baseline, KD Only and Both "
+                f"(default) are headline rows, seed {noise.seeds_of[ABL][0]} here (claims: every seed). " + noise.note(ABL))
+
+def table_5(recipe: Mapping, runs: Mapping[str, Mapping], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 5 from `runs` {"Base" | "Res-like": {"alone": agent run, "joint": Joint run}}: each agent alone, and the
+    ViT and agent of Joint with it, beside the paper's. Returns (table, caption)."""
+    P, ABL = recipe, recipe.get("ablation_dataset", "c100")
+    ours5 = pd.DataFrame([dict(agent_arch=a, model=m, top1=v) for a, d in runs.items()
+                          for m, v in (("Agent-S", d["alone"]["top1"]), ("ViT-S-Joint", d["joint"]["top1"]),
+                                       ("Agent-S-Joint", d["joint"]["agent_top1"]))])
+    t5 = beside("table5_agent_arch", ours5, on=["agent_arch", "model"], values=["top1"], profile=profile)
+    return t5, (f"Joint training with the base vs the res-like agent on CIFAR-100 (Table 5); ours on "
+                f"{noise.ds_label[ABL]} ({P['datasets'][ABL]['label']}). Res-like ViT-S-Joint is the headline Joint row, seed "
+                f"{noise.seeds_of[ABL][0]} here (claims: every seed). " + noise.note(ABL))
+
+def sweep_regime(recipe: Mapping) -> str:
+    "Caption clause: how the sweep's schedule differs from the headline rows whose seed sd it shows."
+    SW = recipe["sweep"]
+    return (f"the closest regime: this sweep trains {SW['epochs']} epochs on {int(round(100 * SW['fraction']))} %, "
+            f"the headline rows {recipe['train']['epochs']} epochs")
+
+def table_sensitivity(recipe: Mapping, sens: Mapping[str, Mapping], noise: SeedNoise) -> tuple[pd.DataFrame, str]:
+    "The numbers behind Figure 6 from `sens` {parameter: {value: Joint run}}. Returns (table, caption)."
+    rows = [dict(parameter=n, value=x, top1=r["top1"], agent_top1=r["agent_top1"]) for n, pts in sens.items() for x, r in sorted(pts.items())]
+    return pd.DataFrame(rows), ("Numbers behind Figure 6 (the paper prints none); no claim is made on them. "
+                                + noise.note(recipe["sweep"]["dataset"], claims=False, regime=sweep_regime(recipe)))
+
+def table_layer_removal(recipe: Mapping, removed: Mapping[int, Mapping], base: Mapping, noise: SeedNoise) -> tuple[pd.DataFrame, str]:
+    """The numbers behind Figure 7 from `removed` {block index: Joint run without that block's hint} and the all-layer
+    run `base`. Returns (table, caption)."""
+    depth = len(removed)
+    return (pd.DataFrame([dict(removed_block=l + 1, relative_depth=(l + 1) / depth, top1=removed[l]["top1"],
+                               change=removed[l]["top1"] - base["top1"]) for l in range(depth)]),
+            f"Numbers behind Figure 7 (ViT-S only; the paper also shows ViT-B): the all-layer run scores {base['top1']:.2f}; "
+            "no claim is made on them. " + noise.note(recipe["sweep"]["dataset"], claims=False, regime=sweep_regime(recipe)))
+
+def viz_figures(recipe: Mapping, viz: Mapping[str, Mapping], images):
+    """Tables 8-11 as figures, one at a time: (figure, id) of the average attention (Tables 8-9: the ViT alone and
+    joint) and the intermediate features (Tables 10-11: agent and ViT, alone and joint) of each `viz.images` image;
+    `viz` = {"ViT alone", "Agent alone", "joint": a run's `viz`}, `images` the val set they index."""
+    n_layers = len(viz["joint"]["layers"])
+    attn_rows = (("ViT alone", viz["ViT alone"], "attn"), ("ViT joint", viz["joint"], "attn"))
+    feat_rows = (("Agent alone", viz["Agent alone"], "agent_feat"), ("ViT alone", viz["ViT alone"], "vit_feat"),
+                 ("Agent joint", viz["joint"], "agent_feat"), ("ViT joint", viz["joint"], "vit_feat"))
+    for k, img in enumerate(recipe["viz"]["images"]):
+        yield (plot_viz_rows(images[img][0], attn_rows, k, n_layers, f"Table {8 + k}: average attention, image {k + 1}",
+                             cmap="viridis", row_height=1.9, top=0.92), f"table{8 + k}_attention_image{k + 1}")
+    for k, img in enumerate(recipe["viz"]["images"]):
+        yield (plot_viz_rows(images[img][0], feat_rows, k, n_layers, f"Table {10 + k}: intermediate features "
+                             f"(channel L2 norm), image {k + 1}", cmap="magma", row_height=1.8, top=0.95, normalise=True),
+               f"table{10 + k}_features_image{k + 1}")
+
+# %% ../nbs/13_bootstrapping.ipynb #7aa50f58
+def dataset_evidence(*rows: Mapping[str, Arm], not_claimed: Sequence[str] = (), profile: str = "") -> str:
+    """Evidence of a claim on every dataset: each dataset's rows' means ({dataset label: Arm} per row), and the datasets
+    left out of the claims at this profile (`claim_datasets`)."""
+    return "; ".join(f"{d}: {arm_means(*(r[d] for r in rows))}" for d in rows[0]) + (
+        f"; not claim-bearing at {profile}: {', '.join(not_claimed)} (claim_datasets in profiles.yaml: below the "
+        "pilot's floor; its rows are in Table 1)" if not_claimed else "")
+
+# Table 4's rows (setting, feat) -> the names claims 3a-3d give them
+NAMES4 = {("Baseline", "none"): "baseline", ("KD Only", "none"): "KD only", ("Feat Only", "No Decay"): "Feat only, constant",
+          ("Feat Only", "default"): "Feat only", ("Feat Only", "AP-2D"): "Feat only, AP-2D",
+          ("Both", "No Decay"): "both, constant", ("Both", "default"): "both"}
+
+def table4_arms(rows: Sequence[tuple], head: Mapping[str, Arm], noise: SeedNoise, ds: str) -> dict[str, Arm]:
+    """Table 4's rows as Arms by their `NAMES4`: one seed each (borrowed sd), but the rows that are headline runs
+    (`head`: the ablation dataset's headline Arms) with every seed."""
+    A4 = {NAMES4[s, f]: noise.one_seed(r, NAMES4[s, f], ds) for s, _, f, r in rows}
+    A4["baseline"], A4["both"] = replace(head["scratch"], name="baseline"), replace(head["joint"], name="both")
+    A4["KD only"] = replace(head["joint_nohint"], name="KD only")   # the same runs (w_hint 0)
+    return A4
+
+def table5_arms(runs: Mapping[str, Mapping], head: Mapping[str, Arm], noise: SeedNoise, ds: str) -> dict[str, Arm]:
+    "Table 5's rows as Arms for claim 4: the agents alone and the ViTs joint with them (res-like: the headline Joint)."
+    return dict(rl_alone=noise.one_seed(runs["Res-like"]["alone"], "res-like agent", ds),
+                base_alone=noise.one_seed(runs["Base"]["alone"], "base agent", ds),
+                rl_joint=replace(head["joint"], name="ViT with res-like"),
+                base_joint=noise.one_seed(runs["Base"]["joint"], "ViT with base", ds))
+
+def fraction_arms(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNoise) -> tuple[dict, dict]:
+    """Table 3's ViT and Joint rows as Arms {percent: Arm} for claim 5: the headline row (every seed) where a fraction's
+    run is the headline run (same config), else one seed with the borrowed spread. Returns (scratch, joint)."""
+    P, POOL, size = recipe, fraction_pool(recipe), fraction_size(recipe)
+    def one(meth: str, f: float, name: str) -> Arm:
+        same = (config_hash(run_config(P, meth, ds=POOL, size=size, fraction=f, **fraction_epochs(P, f)))
+                == config_hash(run_config(P, meth, ds=POOL)))
+        return (replace(noise.head[POOL][{"ViT": "scratch", "Joint": "joint"}[meth]], name=name) if same and POOL in noise.head
+                else noise.one_seed(runs[(meth, f)], name, POOL))
+    pct = {f: int(round(100 * f)) for f in P["fractions"]["values"]}
+    return ({pct[f]: one("ViT", f, f"scratch {pct[f]} %") for f in pct}, {pct[f]: one("Joint", f, f"Joint {pct[f]} %") for f in pct})
+
+def fraction_evidence(recipe: Mapping, scratch: Mapping, joint: Mapping, noise: SeedNoise) -> str:
+    "Claim 5's evidence: Joint's gain over scratch per fraction, ours and the paper's (Table 3)."
+    rep3 = load_reported(SHORT, "table3_imagenet_subsets")
+    rep_g = rep3[rep3["method"] == "Ours-Joint"].set_index("fraction")["top1_gain"].to_dict()
+    return ("gains of Joint over scratch, ours: " + ", ".join(f"{p} %: {joint[p].mean - scratch[p].mean:+.2f}" for p in scratch)
+            + "; the paper's: " + ", ".join(f"{k} %: {v:+.2f}" for k, v in rep_g.items())
+            + noise.borrowed(fraction_pool(recipe), regime=fraction_regime(recipe)))

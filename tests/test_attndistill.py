@@ -332,3 +332,52 @@ def test_figure_images_named_classes_then_spread_and_absent_classes():
     assert figure_images(v) == [2, 1, 0]
     few = SimpleNamespace(classes=classes, targets=[3, 4, 4])   # a dry run's subset: no retriever, shepherd or bus
     assert figure_images(few) == [0, 1]
+
+
+# --- the paper notebook's tables, from result-shaped runs ---------------------------------------------------------
+
+def _fake_run(lp, knn=None, layers=9, attn=0.5):
+    ev = {str(j): dict(lp_top1=lp + j, lp_top5=lp + 10, knn20_top1=lp - 1 if knn is None else knn) for j in range(layers)}
+    return dict(eval=ev, losses=dict(loss=[2.0, 1.0], loss_feat=[1.5, 0.8], loss_attn=[4.0, attn]))
+
+
+def test_figure_6_table_and_runs_arm():
+    "Figure 6's numbers are mean / std / count per method; `runs_arm` pairs runs only when all stored their hits."
+    from attnrepro.attndistill import HitArm, runs_arm, table_figure_6
+    from attnrepro.report import load_profile
+    P = load_profile("attndistill", "smoke")
+    P["headline"]["train"] = P["pilot"]["train"]   # as the notebook does for `schedule: pilot`
+    head = {("pa", 0): _fake_run(10.0), ("ad", 0): _fake_run(14.0), ("pa", 1): _fake_run(12.0), ("ad", 1): _fake_run(16.0)}
+    summ, caption = table_figure_6(P, head, dict(lp_top1=30.0, knn20_top1=20.0), n_train=100)
+    assert list(summ.method) == ["-", "PA (no AttnDistill)", "AttnDistill"]
+    assert list(summ["lp_top1 mean"]) == [30.0, 11.0, 15.0] and list(summ["lp_top1 count"]) == [1, 2, 2]
+    assert summ["knn20_top1 std"][1] == pytest.approx(np.std([9.0, 11.0], ddof=1)) and "over 100 images" in caption
+    runs = [head["pa", 0], head["pa", 1]]
+    a = runs_arm(runs, "lp_top1", 2, "pa", n_test=4)
+    assert not isinstance(a, HitArm) and a.values == (12.0, 14.0) and a.n_test == 4
+    for r in runs: r["eval"]["2"]["lp_correct"] = [True, False, True, True]
+    assert isinstance(runs_arm(runs, "lp_top1", 2, "pa", n_test=4), HitArm)
+
+
+def test_short_rows_and_table_10_on_fake_runs():
+    "Table 10's rows: the reference pair's mean over its seeds, seed 0 elsewhere, the pooled sd, the loss shares."
+    from attnrepro.attndistill import REF_VARS, ShortRows, row_variant, table10_in_profile, table_10
+    from attnrepro.report import load_profile
+    P = load_profile("attndistill", "mini")
+    T10 = table10_in_profile(P)
+    assert set(T10[T10.study == "lambda"].param.astype(float)) == {float(v) for v in P["lambdas"]}
+    seeds = P["short"]["ref_seeds"]
+    assert len(seeds) > 1
+    short = {v: _fake_run(20.0) for v in dict.fromkeys(row_variant(P, r) for r in T10.itertuples()) if v}
+    ref = {(v, s): _fake_run(10.0 + 2 * s + (5 if v == "base_ad" else 0)) for v in REF_VARS for s in seeds}
+    S = ShortRows(P, T10, short, ref, n_val=1000)
+    assert S.val("base_ad") == pytest.approx(15.0 + 2 * np.mean(seeds)) and S.val("heads_pa") == 20.0
+    assert S.spread["lp_top1"][0] == pytest.approx(np.std([2 * s for s in seeds], ddof=1))
+    assert S.arm("heads_pa").sd_seed == S.spread["lp_top1"][0] and S.arm("heads_pa") is S.arm("heads_pa")
+    assert S.attn_share("base_ad") == pytest.approx(0.1 * 0.5 / 1.0) and S.attn_share("base_pa") == 0.0   # PA: lambda 0
+    t10, caption = table_10(S, "mini")
+    assert len(t10) == len(T10) and S.spread_note in caption
+    ad = t10[t10.variant == "base_ad"].iloc[0]
+    assert ad["seeds"] == len(seeds) and ad["top1_lp (ours, mini)"] == pytest.approx(S.val("base_ad"))
+    assert t10["top1_lp (ours, mini)"].astype(str).str.startswith("not reproducible offline").any()
+    assert sorted(S.sweep("lambda").value) == sorted(float(v) for v in P["lambdas"])

@@ -507,3 +507,46 @@ def test_paper_figures_draw_from_run_results():
                         normalise=True)
     assert len(fig.axes) == 3 and fig.axes[2].get_title() == "layer 3" and fig.axes[0].get_ylabel() == "ViT"
     assert float(fig.axes[1].images[0].get_array().max()) == 0.0   # a constant map normalises to zeros
+
+
+# --- the paper notebook's tables, from result-shaped runs ---------------------------------------------------------
+
+def test_seed_noise_pools_the_headline_sd_and_one_seed_rows_borrow_it():
+    "The pooled sd of a dataset's headline Arms is what a one-seed row borrows; a one-seed dataset has none."
+    from attnrepro.bootstrapping import HEADLINE, SeedNoise, dataset_labels, table_seed_spread
+    from attnrepro.report import load_profile
+    from attnrepro.verdicts import arm
+    P = load_profile("bootstrapping_vit", "mini")
+    labels = dataset_labels(P, "mini")
+    assert labels == {"c10": "CIFAR-10", "c100": "CIFAR-100 proxy"}
+    head = {"c10": {k: arm([10.0 + i, 12.0 + i], k, n_test=100) for i, (k, *_) in enumerate(HEADLINE)},
+            "c100": {k: arm([5.0], k, n_test=100) for k, *_ in HEADLINE}}
+    noise = SeedNoise(P, head, labels, {"c10": [0, 1], "c100": [0]})
+    sd, df = noise.spread["c10"]
+    assert sd == pytest.approx(math.sqrt(2)) and df == len(HEADLINE) and noise.spread["c100"] is None
+    a = noise.one_seed(dict(top1=30.0, n_val=100), "row", "c10")
+    assert a.values == (30.0,) and a.sd_seed == pytest.approx(sd) and noise.one_seed(dict(top1=3.0, n_val=9), "r", "c100").sd_seed is None
+    assert "no measured seed spread for CIFAR-100 proxy" in noise.note("c100")
+    assert noise.note("c10").startswith("One-seed rows borrow the seed sd 1.41 points (df 5)") and noise.borrowed("c100") == ""
+    t, caption = table_seed_spread(noise)
+    assert len(t) == 2 * len(HEADLINE) and list(t[t.dataset == "CIFAR-10"]["mean"]) == [11.0 + i for i in range(len(HEADLINE))]
+    assert "CIFAR-10 1.41 (df 5); CIFAR-100 proxy none (one seed)" in caption
+
+
+def test_table_3_gains_and_fraction_steps():
+    "Table 3: Ours' gain over the ViT at the same fraction; equal optimizer steps per fraction; rows not run say why."
+    from attnrepro.bootstrapping import PAPER_T3, SeedNoise, fraction_epochs, fraction_runnable, table_3
+    from attnrepro.report import load_profile
+    P = load_profile("bootstrapping_vit", "mini")
+    d = P["datasets"][P["fractions"]["pool"]]
+    assert fraction_epochs(P, d["fraction"]) == dict(epochs=d.get("epochs", P["train"]["epochs"]))
+    assert fraction_epochs(P, d["fraction"] / 2)["epochs"] == 2 * d.get("epochs", P["train"]["epochs"])
+    assert fraction_runnable(P, "Joint", 0.05) and not fraction_runnable(P, "ViT-SAM", 0.05)
+    runs = {(m, f): dict(top1=10 * f + (5.0 if m == "Joint" else 0.0)) if fraction_runnable(P, m, f) else None
+            for f in P["fractions"]["values"] for m in PAPER_T3}
+    noise = SeedNoise(P, {}, {}, {})
+    t3, caption = table_3(P, runs, noise, "mini")
+    ours = t3[t3["method"] == "Ours-Joint"]
+    assert list(ours["top1_gain (ours, mini)"]) == pytest.approx([5.0, 5.0, 5.0])
+    assert t3[t3["method"] == "ViT-B-SAM"]["note"].str.startswith("not run at mini (budget)").all()
+    assert "(equal optimizer steps)" in caption and "model size S" in caption
