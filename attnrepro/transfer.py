@@ -25,16 +25,21 @@ from .train import (LossTerm, Method, StepContext, TeacherPass, ce_term, execute
                              run_teacher_passes)
 
 # %% auto #0
-__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'DRY_EVAL', 'CORRUPTIONS', 'first_layers',
-           'last_layers', 'first_heads', 'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill',
-           'TeacherDistillMethod', 'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher',
-           'build_transfer', 'predict_logits', 'ensemble_top1', 'block_features', 'layer_cka',
+__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'TRANSFER_METHODS', 'CLAIM_TEXTS', 'DRY_EVAL', 'CORRUPTIONS', 'PAPER', 'NOT_OFFLINE',
+           'first_layers', 'last_layers', 'first_heads', 'has_drop_path', 'teacher_pass', 'teacher_forward',
+           'CopyModel', 'Distill', 'TeacherDistillMethod', 'vit_shape', 'scratch_student', 'pretrained_student',
+           'random_teacher', 'build_transfer', 'predict_logits', 'ensemble_top1', 'block_features', 'layer_cka',
            'effective_attention_maps', 'attention_info_counts', 'model_info_counts', 'TransferRuns',
            'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
            'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
            'claim_aggregation_hurts_most', 'analysis_set', 'ensemble_run', 'ood_run', 'cka_run', 'jsd_run', 'vis_run',
            'bench_run', 'plot_teaser', 'plot_partial_copy', 'plot_cka_ensembles', 'plot_head_jsd',
-           'plot_attention_maps']
+           'plot_attention_maps', 'hits_arm', 'ci_text', 'vs_text', 'recipe_table', 'table_10_info_accounting',
+           'table_pilot', 'pilot_reuse', 'ensemble_arm', 'table_1', 'figure_1', 'Sweep', 'table_2_qkv',
+           'table_3_q_distill', 'table_3_partial', 'table_12_aggregated', 'table_13_kd', 'table_8_distill_lambda',
+           'table_8_distill_layers', 'table_4_pretrain_data', 'table_5_inat', 'table_6_ood', 'table_7_pretrain_method',
+           'table_14_mix_match', 'table_8_model_size', 'table_9_detection', 'bench_config', 'table_11_cost', 'mean_cka',
+           'table_4_cka', 'table_5_ensemble', 'attention_map_figures', 'per_seed_text', 'cka_arms']
 
 # %% ../nbs/14_transfer.ipynb #42625cbf
 def first_layers(k: int, depth: int) -> list[int]:
@@ -580,6 +585,18 @@ class TransferRuns:
             return [(self.name_of(t["trained"]), t["trained"])] if t and "trained" in t else []
         return self.pr.run_many([(self.name_of(c), c) for c in cfgs], self.train, depends=deps)
 
+    def run_grid(self, make, rows: Sequence[str], seeds: Sequence[int] | Mapping[str, Sequence[int]]) -> dict[str, list]:
+        """Each row's results, in seed order: `make(row, seed)` is the config of `row` at `seed`; `seeds` is one list for
+        every row, or per row (then the grid runs their union, sorted). Trained through `run_all` seed-major, so that an
+        interrupted grid leaves complete seeds across the rows (each run is cached)."""
+        per_row = seeds if isinstance(seeds, Mapping) else {r: seeds for r in rows}
+        order = sorted({s for ss in per_row.values() for s in ss}) if isinstance(seeds, Mapping) else list(seeds)
+        keys = [(r, s) for s in order for r in rows if s in per_row[r]]
+        out = {r: [] for r in rows}
+        for (r, s), res in zip(keys, self.run_all([make(r, s) for r, s in keys])):
+            out[r].append(res)
+        return out
+
     def trained_model(self, cfg: Mapping) -> nn.Module:
         "The trained model of a train config (trained now if needed), from its checkpoint."
         self.run(cfg)
@@ -818,3 +835,407 @@ def plot_attention_maps(vis: Mapping, idx: Sequence[int], blocks: Sequence[int],
     fig.suptitle(title)
     return fig
 
+
+# %% ../nbs/14_transfer.ipynb #295d5072
+from .report import load_profile, load_reported, side_by_side
+from .verdicts import arm, mean_ci, pilot_table, pooled_sd, unpack_correct
+
+PAPER = "attention_transfer"   # its reported numbers: papers/attention_transfer/reported/<table>.csv
+NOT_OFFLINE = "not reproducible offline: "
+
+def hits_arm(results: list, name: str, **kw) -> Arm:
+    "An `Arm` of one row's per-seed results; their per-image hits pair it with every other such row (same test set)."
+    return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results], **kw)
+
+def ci_text(est) -> str:
+    "An effect as the tables print it: `+1.23 [+0.45, +2.01]` (its 95 % interval)."
+    return f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]"
+
+def vs_text(a: Arm, b: Arm) -> str:
+    "Table 1's paired effect `a - b` [95 % CI]; with one seed per row there is no spread to build it from."
+    return ci_text(difference(a, b)) if min(a.n, b.n) > 1 else "one seed: no interval"
+
+def _ours_recipe(r: Mapping, extra: dict) -> dict:
+    "A recipe of profiles.yaml in the words of the paper's recipe tables (config -> value)."
+    t = r["train"]
+    b = t.get("betas", [0.9, 0.999])
+    lr = f"{t['lr']:g}" + (f" x batch / {t['lr_scale_batch']}" if t.get("lr_scale_batch") else " (no batch scaling)")
+    return {"optimizer": "AdamW", "base learning rate": lr, "minimum absolute lr": f"{t.get('min_lr', 1e-6):g}",
+            "weight decay": t["weight_decay"], "optimizer momentum": f"beta1={b[0]}, beta2={b[1]}",
+            "batch size": t.get("global_batch_size", t.get("batch_size")), "learning rate schedule": "cosine decay",
+            "warmup epochs": t["warmup_epochs"], "training epochs": t["epochs"], "augmentation": r["augment"],
+            "label smoothing": t["label_smoothing"], "mixup": t.get("mixup", 0.0), "cutmix": t.get("cutmix", 0.0),
+            "drop path": r.get("drop_path_rate", 0.0), "exp. moving average (EMA)": t.get("ema_decay") or "none",
+            "layerwise lr decay": r["layer_decay"] if r.get("layer_decay") not in (None, 1, 1.0) else "none", **extra}
+
+def recipe_table(P: Mapping, runs: TransferRuns, method: str, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 15 (`method` 'copy') or 16 ('distill'), and its caption: the paper's ViT-L recipe beside the recipe this
+    profile trains the method with (data, not training)."""
+    depth, k = P["shape"]["depth"], P["distill"]["layers"]
+    if method == "copy":
+        stem, name, extra = "table15_copy_recipe", "Attention Copy", {"layers copied": depth}
+    else:
+        stem, name = "table16_distill_recipe", "Attention Distillation"
+        extra = {"layers copied": f"first {k} of {depth}", "distillation weight lambda": P["distill"]["weight"]}
+    ours = _ours_recipe(P["recipes"][runs.recipe_key(method, P["main"]["schedule"])], extra)
+    rep = load_reported(PAPER, stem).rename(columns={"value": "value (paper)"})
+    rep[f"value (ours, {profile})"] = [ours.get(c, "") for c in rep.config]
+    one_recipe = " (every method here shares one recipe)" if not runs.method_recipes else ""
+    return rep, f"{name} recipe: the paper's ViT-L recipe beside this profile's{one_recipe}."
+
+def table_10_info_accounting(shape: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 10 and its caption: activations transferred per example (Q and K, or the map), ViT-L/16 beside our student."
+    vitl = attention_info_counts(24, 16, 197, 64)
+    n_tok = (shape["img_size"] // shape["patch_size"]) ** 2 + 1
+    d, h, hd = shape["depth"], shape["num_heads"], shape["embed_dim"] // shape["num_heads"]
+    ours = attention_info_counts(d, h, n_tok, hd)
+    info = pd.DataFrame([
+        {"accounting_method": "Count sizes of Q, K", "expression": "24 x 16 x 197 x 64 x 2", "activations_m (paper)": 9.7,
+         "ViT-L computed (M)": vitl["qk"] / 1e6, f"ours, {profile} (M)": ours["qk"] / 1e6,
+         "ours expression": f"{d} x {h} x {n_tok} x {hd} x 2"},
+        {"accounting_method": "Count size of QK^T", "expression": "24 x 16 x 197 x 197", "activations_m (paper)": 15.0,
+         "ViT-L computed (M)": vitl["map"] / 1e6, f"ours, {profile} (M)": ours["map"] / 1e6,
+         "ours expression": f"{d} x {h} x {n_tok} x {n_tok}"}])
+    return info, ("Activations transferred per example, computed from the model shapes "
+                  "(attnrepro.transfer.attention_info_counts); ViT-L/16 at 224 px and this profile's student.")
+
+# %% ../nbs/14_transfer.ipynb #765151b6
+def table_pilot(P: Mapping, runs: TransferRuns, results: Mapping[str, list], profile: str) -> tuple[pd.DataFrame, str]:
+    """The pilot table (`verdicts.pilot_table`: does scratch clear the floor, each arm's effect over scratch with its 95 %
+    interval, seeds needed) and its caption (the regime in full). `results`: per-seed runs of the arms 'scratch',
+    'fine-tune', 'attn. copy', 'attn. distill' (Table 1's labels); the paper's effects come from its Table 1."""
+    PL, shape, k_dist = P["pilot"], runs.shape, P["distill"]["layers"]
+    pilot_runs = {label: [dict(r, top1=r["acc1"]) for r in rs] for label, rs in results.items()}
+    rep1 = load_reported(PAPER, "table1_main").set_index("method")["top1"]
+    paper_effect = {k: float(rep1[k] - rep1["scratch"]) for k in ("attn. copy", "attn. distill")}
+    PD, PS = P["data"][PL["data"]], P["recipes"][PL["schedule"]]
+    n_cls = runs.num_classes(PD)
+    pilot = pilot_table(pilot_runs, "scratch", chance=100 / n_cls, floor=PL["floor"], claimed=paper_effect)
+    psd, pdf = pilot.attrs["pooled_sd"]
+    paired = pilot.attrs["paired"]
+    pt, tk = PS["train"], P["teachers"][PL["teacher_key"]]
+    n_train = len(runs.datasets(PD, PS["augment"])[0])
+    # the teachers notebook's CIFAR-10 gate: named in the caption when the pilot trains its very recipe
+    gate = ((load_profile("teachers", profile).get("gates") or {}).get("tasks") or {}).get("cifar10")
+    is_gate = (bool(gate) and gate["train"] == pt and gate["augment"] == PS["augment"]
+               and gate["data"]["name"] == PD["name"] and gate["data"].get("per_class") == PD.get("per_class"))
+    caption = (
+        f"Pilot of the powered regime: {PD['name']}, {n_train} train images"
+        + (f" ({PD['per_class']} per class)" if PD.get("per_class") else "") + ", "
+        f"{pilot_runs['scratch'][0]['n_val']} test images (all), {shape['img_size']} px; ViT {shape['embed_dim']}/"
+        f"{shape['depth']}/{shape['num_heads']} patch {shape['patch_size']}; {pt['epochs']} epoch(s), batch {pt['batch_size']}, "
+        f"AdamW lr {pt['lr']:g}, warm-up {pt['warmup_epochs']:g} epoch(s), weight decay {pt['weight_decay']:g}, label "
+        f"smoothing {pt['label_smoothing']:g}, {PS['augment']} augmentation"
+        + (" (the teachers notebook's CIFAR-10 gate recipe)" if is_gate else "") + "; "
+        f"teacher {tk if isinstance(tk, str) else 'tiny smoke MAE'}; distillation: first {k_dist} of {shape['depth']} blocks, "
+        f"lambda {P['distill']['weight']:g}. Seeds per arm: "
+        + ", ".join(f"{k} {v}" for k, v in PL["arm_seeds"].items()) + f"; pooled seed sd {psd:.2f} (df {pdf:.0f}); "
+        f"chance {100 / n_cls:.0f} %, floor {PL['floor']:g} %. "
+        + (f"Effects over scratch are paired on the test images ({', '.join(paired)}): every model is scored on the "
+           "same images and the interval counts the seed spread plus the variance of the per-image difference "
+           "(attnrepro.verdicts.paired_difference). " if paired else
+           "Effects treat each arm's test-set error as independent (runs without per-image hits). ")
+        + ("An arm with one seed borrows the pooled seed sd. " if min(len(v) for v in pilot_runs.values()) == 1 else "")
+        + f"Paper effect: Table 1 (ViT-L, MAE, ImageNet-1K), copy - scratch {paper_effect['attn. copy']:+.1f}, "
+        f"distill - scratch {paper_effect['attn. distill']:+.1f}. 'min per run': minutes per run (training + "
+        "evaluation) on the machine that ran it (the device is in each run's file).")
+    return pilot, caption
+
+def pilot_reuse(main_spec, pilot_spec, arm_seeds: Mapping[str, Sequence[int]], methods: Sequence[str],
+                seeds: Sequence[int]) -> int:
+    """How many of Table 1's runs (`main_spec(m, s)`, `methods` x `seeds`) are pilot runs (`pilot_spec` over `arm_seeds`).
+    Table 1 is the pilot's regime: each pilot arm's Table 1 config must be the pilot's, argument for argument, at every
+    seed of the table (not only the pilot's), else this raises (the profile's `main` and `pilot` disagree)."""
+    for m in arm_seeds:
+        for s in seeds:
+            assert config_hash(main_spec(m, s)) == config_hash(pilot_spec(m, s)), (
+                f"Table 1's {m} run of seed {s} is not the pilot's config: make `main` match `pilot` in profiles.yaml")
+    pilot_hashes = {config_hash(pilot_spec(m, s)) for m, ss in arm_seeds.items() for s in ss}
+    return sum(config_hash(main_spec(m, s)) in pilot_hashes for m in methods for s in seeds)
+
+def ensemble_arm(ens: Mapping, seeds: Sequence[int], kind: str, k: str) -> Arm:
+    "Per-seed top-1 of model `k` of `ensemble_run`'s result alone (kind 'single') or ensembled with the fine-tuned model ('ensemble_with_ft')."
+    hs = [unpack_correct(ens[str(s)][kind][k]) for s in seeds]
+    return arm([100 * h.mean() for h in hs], k, hits=hs)
+
+def table_1(A: Mapping[str, Arm], ensemble: Arm, P: Mapping, profile: str, n_reused: int) -> tuple[pd.DataFrame, str]:
+    """Table 1 and its caption: each row's mean top-1 over seeds, its 95 % t half-width, the seeds and the effect over
+    scratch paired per image (`A`: Table 1's arms by label, 'scratch' first; `ensemble`: distill + fine-tune)."""
+    def row(label, a):
+        m, hw = mean_ci(a.values)
+        return dict(method=label, top1=m, ci95=hw, per_seed=", ".join(f"{v:.2f}" for v in a.values),
+                    vs_scratch="" if a is A["scratch"] else vs_text(a, A["scratch"]))
+    rows = [row(l, a) for l, a in A.items()] + [row("ensemble attn. distill + fine-tune", ensemble)]
+    t1 = side_by_side(load_reported(PAPER, "table1_main"), pd.DataFrame(rows), on=["method"],
+                      values=["top1", "ci95", "per_seed", "vs_scratch"], profile=profile)
+    t1 = t1.set_index("method").loc[[r["method"] for r in rows]].reset_index()   # the paper's row order
+    main = P["main"]
+    tm, teacher = P["recipes"][main["schedule"]]["train"], P["teachers"][main["teacher_key"]]
+    return t1, (f"Main result. Paper: ViT-L, MAE teacher, ImageNet-1K. Ours: {P['proxy']}; teacher "
+                f"{teacher if isinstance(teacher, str) else 'tiny smoke MAE'}; "
+                f"{tm['epochs']} epochs (recipe {main['schedule']!r}, the pilot's regime: {n_reused} of these runs are the "
+                f"pilot's); seeds {P['seeds']}; top1 = mean over seeds, ci95 = half-width of its 95 % t interval over seeds; "
+                f"vs_scratch = effect over scratch [95 % CI], paired on the {A['scratch'].n_test} test images (seed spread + "
+                "per-image difference); the ensemble averages the softmax of the distilled student and the fine-tuned "
+                "model of the same seed.")
+
+def figure_1(A: Mapping[str, Arm], proxy: str):
+    "Figure 1 (teaser) from Table 1's arms: scratch, fine-tune, copy, distill beside the paper's quoted numbers."
+    names = ["scratch", "fine-tune", "attn. copy", "attn. distill"]
+    return plot_teaser(load_reported(PAPER, "fig1_teaser_quoted").top1.values, [A[n].mean for n in names],
+                       [np.nan_to_num(mean_ci(A[n].values)[1]) for n in names], proxy)
+
+# %% ../nbs/14_transfer.ipynb #1f1e77c8
+class Sweep:
+    """The sweep schedule's rows (`results`: row name -> per-seed runs) as `Arm`s sharing one seed sd: pooled over the
+    rows run with several seeds, else borrowed from Table 1's arms (`table1`, a longer schedule, and said so). Holds
+    `arms`, the premise of claims 3, 4, 6 (`premise`: fine-tune and copy beat scratch here) and `note`, the sentence
+    every sweep table's caption ends with; `refs`: the reference rows it quotes."""
+    def __init__(self, results: Mapping[str, list], refs: Sequence[str], table1: Mapping[str, Arm], P: Mapping):
+        sw = P["sweeps"]
+        self.results = results
+        multi = [hits_arm(v, k) for k, v in results.items() if len(v) > 1]
+        if multi:
+            self.sd, self.df = pooled_sd(multi)
+            sd_from = f"pooled over the {len(multi)} sweep rows run with seeds {sw['claim_seeds']}"
+        else:   # one claim seed: borrow Table 1's spread (another, longer schedule) and say so
+            self.sd, self.df = pooled_sd(table1.values())
+            sd_from = "borrowed from Table 1 (its longer schedule: the sweep has one seed)"
+        R = self.arms = {k: self.arm(v, k) for k, v in results.items()}
+        self.premise = [greater(difference(R["fine-tune"], R["scratch"], "sweep fine-tune - scratch")),
+                        greater(difference(R["copy"], R["scratch"], "sweep copy - scratch"))]
+        st = P["recipes"][sw["schedule"]]["train"]
+        self.note = (
+            f"Sweep schedule: {st['epochs']} epoch(s) (recipe {sw['schedule']!r}); seeds {sw['claim_seeds']} for the "
+            f"reference rows and the rows of claims 3, 4, 6, seed {sw['claim_seeds'][0]} for the others; every row scored "
+            f"on all {R['scratch'].n_test} test images, its effect paired per image, with a seed sd of {self.sd:.2f} "
+            f"(df {self.df:.0f}) {sd_from}. References at this schedule: " + ", ".join(f"{k} {R[k].mean:.2f}" for k in refs)
+            + "; precondition of claims 3, 4, 6: "
+            + "; ".join(f"{p.statement.split(' (claim')[0]} -> {p.verdict}" for p in self.premise))
+
+    def arm(self, results: list, name: str = "") -> Arm:
+        "A sweep row as an Arm: its own seeds, the sweep's pooled seed sd, paired per test image."
+        return hits_arm(results, name, sd_seed=self.sd, sd_df=self.df)
+
+    def vs(self, a: Arm, ref: str = "scratch") -> str:
+        "The paired effect of `a` over the sweep row `ref` [95 % CI]; empty for that row itself."
+        return "" if a is self.arms[ref] else ci_text(difference(a, self.arms[ref]))
+
+    def row(self, results: list, ref: str = "scratch", **key) -> dict:
+        "A table row: `key` columns, mean top-1, its seeds, and the paired effect over the row `ref` [95 % CI]."
+        a = self.arm(results)
+        return dict(key, top1=a.mean, seeds=a.n,
+                    **{f"vs {ref}": "" if results is self.results[ref] else ci_text(difference(a, self.arms[ref]))})
+
+    def table(self, stem: str, rows: list, on: list, profile: str, values=("top1", "seeds", "vs scratch")) -> pd.DataFrame:
+        "Our `rows` beside the paper's table `stem` (`side_by_side` on the key columns `on`)."
+        return side_by_side(load_reported(PAPER, stem), pd.DataFrame(rows), on=on, values=list(values), profile=profile)
+
+# %% ../nbs/14_transfer.ipynb #a37efed2
+def table_2_qkv(sw: Sweep, P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 2 and its caption: Attention Copy of Q, K or V only (sweep rows 'copy Q/K/V') beside plain copy."
+    rows = ([sw.row(sw.results[f"copy {q}"], transfer_target=q) for q in "QKV"]
+            + [sw.row(sw.results["copy"], transfer_target="maps softmax(QK^T) (reference)")])
+    return (sw.table("table2_qkv", rows, ["transfer_target"], profile),
+            f"Attention Copy of Q, K or V only (the student computes the other two). {P['proxy_short']}. {sw.note}.")
+
+def table_3_q_distill(sw: Sweep, q_distill: list, P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 3 and its caption: Attention Distillation against Q distillation (`q_distill`: that row's runs)."
+    rows = [sw.row(sw.results["distill"], method="attn. distill"), sw.row(q_distill, method="Q distill")]
+    return (sw.table("table3_q_distill", rows, ["method"], profile),
+            f"Attention Distillation (lambda {P['distill']['weight']}) vs Q distillation (MSE on Q of the same first "
+            f"{P['distill']['layers']} blocks, weight 1, as the paper's non-headline results). {sw.note}.")
+
+def table_3_partial(sw: Sweep, layers: Mapping[str, Mapping[int, Arm]], heads: Mapping[int, Arm],
+                    profile: str) -> tuple[pd.DataFrame, str]:
+    "The numbers of Figure 3 and their caption: copy of the first / last k layers (`layers[side][k]`) and of k heads."
+    def row(name, a):
+        return {"transfer": name, f"top1 (ours, {profile})": a.mean, "seeds": a.n, "vs scratch": sw.vs(a)}
+    tp = pd.DataFrame([row(f"{side} {k} layers", a) for side in layers for k, a in sorted(layers[side].items())]
+                      + [row(f"first {k} heads", a) for k, a in sorted(heads.items())])
+    tp["top1 (paper)"] = "no numbers printed (Figure 3 curves)"
+    return tp, f"Numbers of Figure 3 (0 layers / heads = scratch, all = plain copy). {sw.note}."
+
+def table_12_aggregated(sw: Sweep, axes: Sequence[str], profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 12 and its caption: copy of maps averaged over each of `axes` (sweep rows 'average over <axis>'), vs plain copy."
+    rows = ([sw.row(sw.results[f"average over {a}"], ref="copy", average_over=a) for a in axes]
+            + [sw.row(sw.results["copy"], ref="copy", average_over="none (plain copy, reference)")])
+    return (sw.table("table12_aggregated", rows, ["average_over"], profile, values=["top1", "seeds", "vs copy"]),
+            f"Attention Copy with teacher maps averaged over one axis (examples: batch mean); 'vs copy' = "
+            f"effect over plain copy. {sw.note}.")
+
+def table_13_kd(sw: Sweep, feature_distill: list, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 13 and its caption: Attention Distillation, residual-stream feature distillation (its runs), fine-tuning."
+    rows = [sw.row(sw.results["distill"], method="attn. distill"), sw.row(feature_distill, method="feature distill"),
+            sw.row(sw.results["fine-tune"], method="fine-tune")]
+    return (sw.table("table13_kd", rows, ["method"], profile),
+            f"Attention Distillation vs residual-stream feature distillation (MSE on the last block's "
+            f"output, weight 1) vs fine-tuning. {sw.note}.")
+
+def table_8_distill_lambda(sw: Sweep, lambdas: Mapping[float, Arm], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Figure 8 (left) as a table, and its caption: Attention Distillation top-1 per weight lambda (`lambdas`: lambda -> Arm)."
+    ours = [{"lambda": float(l), "top1": a.mean, "seeds": a.n} for l, a in sorted(lambdas.items())]
+    tl = sw.table("fig8_distill_loss_weight", ours, ["lambda"], profile, values=["top1", "seeds"])
+    tl = tl.sort_values("lambda", na_position="first")
+    tl["lambda"] = tl["lambda"].map(lambda v: "(not printed)" if pd.isna(v) else v)
+    return tl, (f"Attention Distillation accuracy vs weight lambda (first {P['distill']['layers']} of {P['shape']['depth']} "
+                f"blocks). Paper: ViT-L, 18 of 24 blocks distilled; its first lambda is not printed. {sw.note}.")
+
+def table_8_distill_layers(sw: Sweep, layers: Mapping[int, Arm], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Figure 8 (right) as a table, and its caption: Attention Distillation top-1 per number of first blocks distilled."
+    rep = load_reported(PAPER, "fig8_distill_layers")
+    paper = rep.assign(layers=rep["layers"].map(lambda v: "(not printed; 18?)" if pd.isna(v) else f"{int(v)} of 24"))
+    ours = pd.DataFrame([{"layers": f"{k} of {P['shape']['depth']}", f"top1 (ours, {profile})": a.mean, "seeds": a.n}
+                         for k, a in sorted(layers.items())])
+    return (pd.concat([paper.rename(columns={"top1": "top1 (paper)"}), ours], ignore_index=True),
+            f"Attention Distillation accuracy vs number of first blocks distilled (lambda "
+            f"{P['distill']['weight']}). {sw.note}.")
+
+# %% ../nbs/14_transfer.ipynb #573c58e5
+def table_4_pretrain_data(sw: Sweep, shifted: Mapping[str, list], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 4 and its caption: tune and copy from the teacher pre-trained on the downstream data (the paper's
+    'ImageNet' row: the sweep's reference rows) and from the one pre-trained on other data (`shifted`: method -> runs,
+    the paper's 'COCO' row), with copy - tune paired per image."""
+    same, other = "MAE pre-trained on the downstream data (CIFAR-10)", "MAE pre-trained on other data (Tiny-ImageNet subset)"
+    def copy_minus_tune(cp, ft): return ci_text(difference(sw.arm(cp), sw.arm(ft)))
+    R = sw.results
+    rows = [dict(pretrain_data="ImageNet", method="tune", **sw.row(R["fine-tune"]), proxy=same),
+            dict(pretrain_data="ImageNet", method="copy", **sw.row(R["copy"]), proxy=same,
+                 copy_minus_tune=copy_minus_tune(R["copy"], R["fine-tune"])),
+            dict(pretrain_data="COCO", method="tune", **sw.row(shifted["finetune"]), proxy=other),
+            dict(pretrain_data="COCO", method="copy", **sw.row(shifted["copy"]), proxy=other,
+                 copy_minus_tune=copy_minus_tune(shifted["copy"], shifted["finetune"]))]
+    t4 = sw.table("table4_pretrain_data", rows, ["pretrain_data", "method"], profile,
+                  values=["top1", "seeds", "vs scratch", "copy_minus_tune", "proxy"])
+    t4.loc[t4.pretrain_data == "ImageNet-22K", f"proxy (ours, {profile})"] = (
+        NOT_OFFLINE + "no ImageNet-22K; one shifted set (Tiny-ImageNet) stands for both")
+    return t4, (f"Pre-training data: tune vs copy on {P['proxy_short']}. Proxy: 'ImageNet' = a teacher pre-trained "
+                f"on the downstream data, 'COCO' = one pre-trained on other data. copy_minus_tune: copy - tune [95 % CI], "
+                f"paired. {sw.note}.")
+
+def table_5_inat(sw: Sweep, shifted: Mapping[str, list], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 5 and its caption: the paper's iNaturalist rows (not offline), then the proxy: scratch and the
+    Tiny-ImageNet MAE teacher (`shifted`: method -> runs) transferred to our task, effects over scratch and over tune."""
+    t5 = load_reported(PAPER, "table5_inat").rename(columns={"acc": "acc (paper)"})
+    t5[f"acc (ours, {profile})"] = NOT_OFFLINE + "no iNaturalist"
+    tune = sw.arm(shifted["finetune"])
+    proxy = pd.DataFrame([{"dataset": f"proxy: {P['proxy_short']} downstream, MAE pre-trained on the Tiny-ImageNet subset",
+                           "method": m, "acc (paper)": np.nan, f"acc (ours, {profile})": sw.arm(r).mean,
+                           "vs scratch (ours)": "" if m == "scratch" else ci_text(difference(sw.arm(r), sw.arms["scratch"])),
+                           "vs tune (ours)": "" if m in ("scratch", "tune") else ci_text(difference(sw.arm(r), tune))}
+                          for m, r in (("scratch", sw.results["scratch"]), ("tune", shifted["finetune"]),
+                                       ("copy", shifted["copy"]), ("distill", shifted["distill"]))])
+    return (pd.concat([t5, proxy], ignore_index=True),
+            f"Downstream data unlike the pre-training data. Paper: iNaturalist. Proxy: the Tiny-ImageNet MAE teacher "
+            f"transferred to {P['proxy_short']}; effects paired on its {sw.arms['scratch'].n_test} test images. {sw.note}.")
+
+def table_6_ood(ood: Mapping, models: Sequence[str], P: Mapping, profile: str, seed: int) -> tuple[pd.DataFrame, str]:
+    """Table 6 and its caption: the paper's ImageNet-A/R/S/V2 rows (not offline), then the proxy: `ood_run`'s top-1 of
+    each of `models` (Table 1's runs of `seed`) on each corruption of our test set."""
+    t6 = load_reported(PAPER, "table6_ood").rename(columns={"acc": "acc (paper)"})
+    t6[f"acc (ours, {profile})"] = NOT_OFFLINE + "no ImageNet-A/R/S/V2"
+    proxy = pd.DataFrame([{"dataset": f"proxy: {P['proxy_short']} test set ({ood['n']} images), {cn}",
+                           "method": {"finetune": "tune"}.get(m, m), "acc (paper)": np.nan, f"acc (ours, {profile})": ood[m][cn]}
+                          for cn in CORRUPTIONS for m in models])
+    per_class = P["analysis"]["ood_per_class"]
+    return (pd.concat([t6, proxy], ignore_index=True),
+            f"Distribution shift. Paper: ImageNet-A/R/S/V2. Proxy: corrupted versions of the student's own test set "
+            f"({P['proxy_short']}, {ood['n']} images{', class-balanced' if per_class else ''}), named per "
+            f"row; Table 1's models of seed {seed}.")
+
+def table_7_pretrain_method(sw: Sweep, runs: Mapping[tuple, list], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 7 and its caption: tune / copy / distill per teacher pre-training method (`runs`: (teacher label, method)
+    -> runs), with the notes the offline world needs (no MoCo-v3 / FLIP; our DINO-style teacher; 'none' tune = scratch)."""
+    lab = {"finetune": "tune", "copy": "copy", "distill": "distill"}
+    t7 = sw.table("table7_pretrain_method", [sw.row(r, teacher=tn, method=lab[m]) for (tn, m), r in runs.items()],
+                  ["teacher", "method"], profile)
+    t7["note"] = np.where(t7.teacher.isin(["MoCo-v3", "FLIP"]), NOT_OFFLINE + "no MoCo-v3 / FLIP teacher (hub weights, LAION)", "")
+    t7.loc[t7.teacher == "DINO", "note"] = "ours: the project's DINO-style teacher"
+    t7.loc[(t7.teacher == "none") & (t7.method == "tune"), "note"] = "ours: scratch (no pre-training)"
+    return t7, (f"Teacher pre-training method (ours: all pre-trained on the Tiny-ImageNet subset, transferred "
+                f"to {P['proxy_short']}); 'none' = random teacher. {sw.note}.")
+
+def table_14_mix_match(sw: Sweep, runs: Mapping[tuple, list], profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 14 and its caption: Attention Distillation per (teacher, student) pair (`runs`: (teacher, student) -> runs)."
+    t14 = sw.table("table14_mix_match", [sw.row(r, teacher=t, student=s) for (t, s), r in runs.items()],
+                   ["teacher", "student"], profile)
+    t14["note"] = np.where(t14.teacher.isin(["MoCo-v3", "FLIP"]) | t14.student.isin(["FLIP"]),
+                           NOT_OFFLINE + "no MoCo-v3 / FLIP weights",
+                           np.where(t14["top1 (paper)"].isna(), "ours only (DINO-style teacher / student)", ""))
+    return t14, ("Attention Distillation into pre-trained students (teacher x student; the Tiny-ImageNet teachers). "
+                 f"Paper's Random/Random row is printed 72.7 (its copy value); ours distils from a random teacher. {sw.note}.")
+
+def table_8_model_size(profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 8 and its caption: the paper's model sizes; not reproducible here (one teacher size exists)."
+    t8 = load_reported(PAPER, "table8_model_size").rename(columns={"top1": "top1 (paper)"})
+    t8[f"top1 (ours, {profile})"] = NOT_OFFLINE + "one teacher size exists (embed 192, depth 6); MAE ViT-B/L/H need ImageNet-scale pre-training"
+    return t8, ("Model size (MAE ViT-B/L/H teachers; teacher and student the same size). The paper profile "
+                "names the three teachers and student shapes (model_sizes).")
+
+def table_9_detection(profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 9 and its caption: the paper's COCO detection numbers; not reproducible here (no COCO, no ViTDet)."
+    t9 = load_reported(PAPER, "table9_detection")
+    t9 = t9.rename(columns={c: f"{c} (paper)" for c in t9.columns if c != "method"})
+    t9[f"AP (ours, {profile})"] = NOT_OFFLINE + "no COCO, no ViTDet detection pipeline in this package"
+    return t9, "COCO detection with ViTDet, MAE ViT-B pre-trained on COCO (ap_*_gain: the printed gain over scratch)."
+
+# %% ../nbs/14_transfer.ipynb #f0ce3fa1
+def bench_config(P: Mapping) -> dict:
+    "The `attnrepro.bench.BenchConfig` keywords of Table 11: this profile's student shape and distilled blocks."
+    sh, b = P["shape"], P["bench"]
+    return dict(batch_size=b["batch_size"], img_size=sh["img_size"], patch_size=sh["patch_size"],
+                embed_dim=sh["embed_dim"], depth=sh["depth"], num_heads=sh["num_heads"], num_classes=200,
+                distill_layers=P["distill"]["layers"], warmup=b["warmup"], steps=b["steps"])
+
+def table_11_cost(bench: Mapping, bcfg: Mapping, P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 11 and its caption: time (and memory) per training step of `bench_run` beside the paper's ViT-L GPU numbers."
+    lab = {"plain": "Weight Fine-tuning", "distill": "Attention Copy/Distillation", "copy": "Attention Copy (teacher all blocks)"}
+    ours = pd.DataFrame(dict(method=[lab[v] for v in bench["variant"]], time_per_iter_s=bench["median_step_s"],
+                             time_ratio=bench["time_ratio"],
+                             memory_gb=[m / 1024 for m in bench["peak_mb"]] if "peak_mb" in bench else np.nan))
+    rep = load_reported(PAPER, "table11_cost")
+    rep["time_ratio"] = rep.time_per_iter_s / rep.time_per_iter_s.iloc[0]
+    t11 = side_by_side(rep, ours, on=["method"], values=["memory_gb", "time_per_iter_s", "time_ratio"], profile=profile)
+    return t11, (f"Training cost per iteration. Paper: ViT-L, batch 16, 16 GB GP100. Ours: CPU ({bench['machine']}, "
+                 f"load {bench['load_average']}), batch {bcfg['batch_size']}, student shape of this profile"
+                 + ("" if P["bench"]["memory"] else "; memory not measured at smoke") + ". Paper GPU-hours (prose): "
+                 "fine-tuning 2070, attention transfer 2735 per 100 epochs.")
+
+def mean_cka(cka: Mapping, seeds: Sequence[int]) -> dict[str, np.ndarray]:
+    "`cka_run`'s per-block CKA of each model, averaged over `seeds`."
+    return {k: np.mean([cka[str(s)][k] for s in seeds], axis=0) for k in cka[str(seeds[0])]}
+
+def table_4_cka(cka_mean: Mapping[str, Sequence[float]], P: Mapping) -> tuple[pd.DataFrame, str]:
+    "Figure 4's numbers and their caption: per-block CKA of each model with the fine-tuned model (`mean_cka`)."
+    t = pd.DataFrame([dict(model=k, **{f"block {i + 1}": c for i, c in enumerate(v)}) for k, v in cka_mean.items()])
+    return t, (f"Per-block linear CKA with the fine-tuned model of the same seed, mean over seeds {P['seeds']} (tokens as "
+               f"samples, {P['analysis']['cka_images']} test images); paper: curves only.")
+
+def table_5_ensemble(alone: Mapping[str, Arm], ensembled: Mapping[str, Arm], P: Mapping, n_test: int) -> tuple[pd.DataFrame, str]:
+    """Figure 5's numbers and their caption: each model alone and ensembled with the fine-tuned model (`alone['ft']`),
+    the gain over the fine-tuned model alone paired per image (`ensemble_arm`s by model; `n_test`: Table 1's test set)."""
+    ft = alone["ft"]
+    t = pd.DataFrame([dict(model=k, alone=alone[k].mean, ensemble_with_finetuned=a.mean, gain_over_finetuned=vs_text(a, ft),
+                           paper="86.3 (+0.6 over fine-tuned 85.7)" if k == "distill" else "not printed")
+                      for k, a in ensembled.items()])
+    return t, (f"Ensembles with the fine-tuned model of the same seed (Table 1's runs, seeds {P['seeds']}, all "
+               f"{n_test} test images); means over seeds; gain over the fine-tuned model alone [95 % CI], paired per "
+               f"image. Fine-tuned alone: {ft.mean:.2f}.")
+
+def attention_map_figures(vis: Mapping, blocks: Sequence[int], k_dist: int) -> dict:
+    """Figures 7, 9, 10 from `vis_run`'s result: {figure id: figure}; Figure 7 the first test image, Figures 9 and 10 two
+    more each (as many as there are)."""
+    nv = len(vis["images"])
+    figs = {"7_attention_maps": ([0], "Figure 7: attention maps of different methods"),
+            "9_more_attention_maps": (list(range(1, min(3, nv))) or [0], "Figure 9: more examples"),
+            "10_more_attention_maps": (list(range(3, min(5, nv))) or [min(1, nv - 1)], "Figure 10: more examples")}
+    return {fid: plot_attention_maps(vis, idx, blocks, f"{title}; CLS attention (mean over heads); distilled blocks 1-{k_dist}")
+            for fid, (idx, title) in figs.items()}
+
+def per_seed_text(arms: Mapping[str, Arm], *names: str, digits: int = 2) -> str:
+    "Claim evidence: each named arm's per-seed values, e.g. `per seed: scratch [44.1, 45.0]; fine-tune [...]`."
+    return "per seed: " + "; ".join(f"{k} {[round(v, digits) for v in arms[k].values]}" for k in names)
+
+def cka_arms(cka: Mapping, seeds: Sequence[int], names: Sequence[str]) -> dict[str, Arm]:
+    "Claim 5a's arms: per seed, each model's CKA to the fine-tuned model averaged over blocks (`cka_run`'s result)."
+    return {k: arm([float(np.mean(cka[str(s)][k])) for s in seeds], f"CKA {k}") for k in names}

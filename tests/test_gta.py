@@ -482,3 +482,51 @@ def test_paper_profile_trains_pet_at_15_percent():
     from attnrepro.report import load_profile
     P = load_profile("gta", "paper")
     assert batch_and_epochs(555, P["train"])[0] == 554 and P["train"]["amp"] is True
+
+
+# --- the paper notebook's runs and tables (issue #17: table assembly in the library) ----------------------------------
+
+class _FakePaperRun:
+    "`PaperRun.run_many` without training: each config's result is a function of its method, rate and coef."
+    def __init__(self):
+        self.items = []
+
+    def run_many(self, items, fn):
+        items = list(items)
+        self.items += items
+        c = lambda cfg: cfg["coef"] or 0.0
+        # test-set top-1 rises with the coefficient, held-out top-1 falls with it: the selection column decides
+        return [dict(acc1=40.0 + 10 * cfg["rate"] + c(cfg) + (2.0 if cfg["method"] == "gta" else 0.0),
+                     heldout_acc1=40.0 - c(cfg), n_test=100, n_train=10) for _, cfg in items]
+
+
+def test_gta_runs_record_the_notebooks_configs_and_select_on_the_heldout_part():
+    from attnrepro.gta import GtaRuns, run_config
+    from attnrepro.report import load_profile
+    P = load_profile("gta", "smoke")   # heldout: 0.2
+    pr = _FakePaperRun()
+    G = GtaRuns(P, pr)
+    G.record_many([("gta", "out", 0.15, 0, 1.0), ("gta", "out", 0.15, 0, 10.0), ("baseline", "out", 0.15, 0)])
+    assert [n for n, _ in pr.items] == ["gta-out-0.15-s0-1.0-ssl", "gta-out-0.15-s0-10.0-ssl", "baseline-out-0.15-s0-None-ssl"]
+    assert pr.items[0][1] == run_config(P, "gta", "out", 0.15, 0, 1.0, "ssl")   # the configs (and cache keys) of the grid
+    G.record("baseline", "out", 0.15, 0)   # recorded twice: one row
+    assert len(G.df) == 3 and G.df.source.tolist() == ["ssl"] * 3
+    assert G.best_lambda("out", 0.15) == 1.0 and "held-out 20%" in G.select_on   # the test set would pick 10
+    assert G.select("gta", "out", 0.15, coef=10.0).acc1.tolist() == [53.5]
+
+
+def test_gta_table_2b_sets_our_gaps_beside_the_papers():
+    from attnrepro.gta import GtaRuns, table_2b
+    from attnrepro.report import load_profile
+    P = load_profile("gta", "smoke")
+    G = GtaRuns(P, _FakePaperRun())
+    G.record_many([(m, d, r, 0) + ((1.0,) if m == "gta" else ()) for d in P["datasets"] for r in P["rates"]
+                   for m in ("gta", "baseline")])
+    G.choose_lambdas()
+    t, cap = table_2b(G, "smoke")
+    assert t.fraction.tolist()[:2] == ["15%", "100%"] and t.fraction.tolist()[2].startswith("15% range: ")
+    assert t["CUB GTA − baseline (paper)"].tolist()[:2] == [10.149, 1.099]
+    ours = [c for c in t.columns if c.endswith("(ours, smoke)")]
+    assert len(ours) == 2 and t[ours[0]].tolist()[:2] == [3.0, 3.0]   # gta: +2 points and lambda 1 over the baseline
+    assert t["paper range"].tolist()[2:] == ["2.52 to 10.15", "2.35 to 8.89"] and "Sec. 4.1" in cap
+    assert G.spread_note.startswith("No row has several seeds")   # smoke: one seed everywhere

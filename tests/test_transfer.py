@@ -295,3 +295,56 @@ def test_paper_figures_and_corruptions():
     vis = dict(images=[np.zeros((4, 4, 3))] * 2, maps={"init": {"0": [np.ones((2, 2))] * 2, "1": [np.ones((2, 2))] * 2}})
     fig = tr.plot_attention_maps(vis, [0, 1], [0, 1], "7")
     assert len(fig.axes) == 2 * 3 and fig.axes[1].get_title() == "init\nblock 1"
+
+
+# --- the paper notebook's tables (issue #17: table assembly in the library) -------------------------------------------
+
+def _fake_runs(p, seeds=2, n=2000, seed=0):
+    "Per-seed run results as the notebook's cache returns them: top-1 and the packed per-image hits on n test images."
+    from attnrepro.verdicts import pack_correct
+    rng = np.random.default_rng(seed)
+    hs = [rng.random(n) < p for _ in range(seeds)]
+    return [dict(acc1=100 * h.mean(), correct=pack_correct(h)) for h in hs]
+
+
+def test_run_grid_is_seed_major_and_keeps_each_rows_seeds():
+    from attnrepro.transfer import TransferRuns
+    tr = TransferRuns.__new__(TransferRuns)   # only run_grid's own logic: run_all answers with the configs it got
+    tr.run_all = lambda cfgs: [dict(c) for c in cfgs]
+    got = tr.run_grid(lambda row, s: {"row": row, "seed": s}, ["a", "b"], [2, 0])
+    assert got == {"a": [{"row": "a", "seed": 2}, {"row": "a", "seed": 0}], "b": [{"row": "b", "seed": 2}, {"row": "b", "seed": 0}]}
+    order = []
+    tr.run_all = lambda cfgs: order.extend((c["row"], c["seed"]) for c in cfgs) or [dict(c) for c in cfgs]
+    got = tr.run_grid(lambda row, s: {"row": row, "seed": s}, ["a", "b", "c"], {"a": [1, 0], "b": [0], "c": []})
+    assert order == [("a", 0), ("b", 0), ("a", 1)]   # union of the seeds, sorted; each seed across the rows first
+    assert [r["seed"] for r in got["a"]] == [0, 1] and got["c"] == []
+
+
+def test_sweep_borrows_table_1s_spread_with_one_seed_and_builds_tables():
+    from attnrepro.transfer import Sweep, hits_arm, table_12_aggregated, table_3_partial
+    P = dict(sweeps=dict(schedule="sw", claim_seeds=[0]), recipes=dict(sw=dict(train=dict(epochs=3))), proxy_short="toy")
+    res = {k: _fake_runs(p, 1, seed=i) for i, (k, p) in enumerate(dict(scratch=.3, **{"fine-tune": .6}, copy=.5, distill=.55,
+                                                                      **{"average over examples": .35}).items())}
+    table1 = {"scratch": hits_arm(_fake_runs(.3, 3, seed=9), "scratch")}
+    sw = Sweep(res, ["scratch", "fine-tune", "copy", "distill"], table1, P)
+    assert sw.df == 2 and "borrowed from Table 1" in sw.note and sw.arms["copy"].sd_seed == sw.sd
+    t12, c12 = table_12_aggregated(sw, ["examples"], "mini")
+    assert "vs copy (ours, mini)" in t12 and c12.endswith(sw.note + ".")
+    ours = t12.set_index("average_over")["vs copy (ours, mini)"]
+    assert ours["none (plain copy, reference)"] == "" and ours["examples"].startswith("-")   # 35 % < 50 %: below copy
+    tp, _ = table_3_partial(sw, {"first": {0: sw.arms["scratch"], 6: sw.arms["copy"]}}, {0: sw.arms["scratch"]}, "mini")
+    assert tp.transfer.tolist() == ["first 0 layers", "first 6 layers", "first 0 heads"] and tp["vs scratch"][0] == ""
+
+
+def test_table_1_keeps_the_row_order_and_pairs_each_row_with_scratch():
+    from attnrepro.transfer import hits_arm, table_1
+    labels = ["scratch", "fine-tune", "attn. copy", "attn. copy from fine-tuned", "attn. distill"]
+    A = {k: hits_arm(_fake_runs(p, 2, seed=i), k) for i, (k, p) in enumerate(zip(labels, (.3, .6, .5, .5, .55)))}
+    P = dict(main=dict(schedule="s", teacher_key="t"), recipes=dict(s=dict(train=dict(epochs=10))), teachers=dict(t="mae_x"),
+             proxy="toy task", seeds=[0, 1])
+    t1, cap = table_1(A, A["fine-tune"], P, "mini", n_reused=4)
+    assert t1.method.tolist() == labels + ["ensemble attn. distill + fine-tune"]
+    assert t1["top1 (paper)"].tolist() == [83.0, 85.7, 85.1, 85.6, 85.7, 86.3]
+    vs = t1["vs_scratch (ours, mini)"].tolist()
+    assert vs[0] == "" and all(v.startswith("+") for v in vs[1:])
+    assert "4 of these runs are the pilot's" in cap and "paired on the 2000 test images" in cap
