@@ -291,10 +291,11 @@ def split_arrays(result) -> tuple[object, dict]:
         return x
     return walk(result, ""), arrays
 
-def join_arrays(result, npz_path: Path | str):
-    "The result `split_arrays` took apart, each placeholder replaced by its array from `npz_path` (read only if needed)."
+def join_arrays(result, npz_path: Path | str, arrays: dict | None = None):
+    """The result `split_arrays` took apart, each placeholder replaced by its array from `arrays` when given, else from
+    `npz_path` (read only if needed)."""
     import numpy as np
-    store = {}
+    store = dict(arrays or {})
     def walk(x):
         if isinstance(x, dict) and ARRAY_REF in x:
             if not store:
@@ -341,7 +342,9 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
         if arrays: _write_arrays(path.with_suffix(".npz"), arrays)   # before the JSON: a JSON means the run is complete
         atomic_write_json(path, rec)
         print(f"[run] finished {name or h} in {rec['wall_time_s']:.0f} s -> {path}", flush=True)
-    return {**rec, "result": result}
+    # the result as a later execution reads it from the JSON (sorted keys, str keys, lists): a table built from a run
+    # just trained and one built from its cache come out the same
+    return {**rec, "result": join_arrays(json.loads(json.dumps(stored, sort_keys=True)), None, arrays)}
 
 class PaperRun:
     "The output side of one execution of a paper notebook."

@@ -749,8 +749,9 @@ def vis_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     out = {}
     for k, m in models.items():
         maps = effective_attention_maps(m, x)
-        out[k] = {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).tolist() for b in cfg["blocks"]}
-    return dict(maps=out, images=denormalize(x)[:, :, ::2, ::2].permute(0, 2, 3, 1).tolist())
+        out[k] = {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).float().numpy() for b in cfg["blocks"]}
+    # arrays: kept in runs/<hash>.npz beside the run's JSON (report.split_arrays)
+    return dict(maps=out, images=denormalize(x)[:, :, ::2, ::2].permute(0, 2, 3, 1).float().numpy())
 
 def bench_run(cfg: Mapping, ckpt_dir=None) -> dict:
     "Table 11: `attnrepro.bench` of plain, distill and copy steps on `cfg['bench']`, as JSON-ready columns."

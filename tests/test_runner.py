@@ -286,3 +286,14 @@ def test_run_arrays_are_kept_beside_the_run_json(tmp_path, monkeypatch):
     (tmp_path / "out" / "runs" / f"{h}.npz").unlink()
     with pytest.raises(ValueError, match=rf"{h}.npz are missing or unreadable .*delete the run's .json and .npz"):
         PaperRun("gta", "smoke", tmp_path / "out").run(config, fn, name="vis")
+
+
+def test_a_fresh_run_reads_as_its_cached_record(tmp_path, monkeypatch):
+    "The result of a run just trained comes back as a later execution reads it (key order, str keys, lists), so tables agree."
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    from attnrepro.report import PaperRun
+    fn = lambda config, ckpt: dict(scores={"scratch": 1.0, "pre-trained": 2.0}, by_block={3: (0.5, 0.25)})
+    fresh = PaperRun("gta", "smoke", tmp_path / "out").run(dict(kind="cka"), fn)
+    cached = PaperRun("gta", "smoke", tmp_path / "out").run(dict(kind="cka"), fn)
+    assert fresh == cached == dict(by_block={"3": [0.5, 0.25]}, scores={"pre-trained": 2.0, "scratch": 1.0})
+    assert list(fresh["scores"]) == list(cached["scores"]) == ["pre-trained", "scratch"]
