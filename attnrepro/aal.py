@@ -22,20 +22,25 @@ from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps
 
 # %% auto #0
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL',
-           'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'AAL_METHODS', 'LAST_THIRD_RULE', 'CE_SPEC', 'vit_map_layout',
-           'cls_attention_maps', 'renormalize', 'teacher_block_maps', 'cnn_block_channels', 'aal_param_count',
-           'AttentionLinks', 'paper_link_mask', 'link_mask', 'resample_link_mask', 'link_magnitudes',
-           'link_pair_scores', 'select_links', 'aal_loss', 'aal_lambda_schedule', 'aal_decay_rates',
-           'deit_distillation_term', 'aal_method', 'link_history', 'pit_map_layout', 'pit_cls_attention_maps',
-           'pit_aal_method', 'imagenet_class_index', 'ClassSubset', 'restrict_to_classes', 'distill_method', 'kd_term',
-           'kd_method', 'claim_beats_baselines_at_low_data', 'claim_selective_beats_full',
-           'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation', 'top_layer_share',
-           'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach', 'claim_converges_faster',
-           'claim_localises_better', 'frozen_teacher', 'teacher_stats', 'label_teacher', 'run_datasets',
-           'lambda_gammas', 'load_backbone_', 'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist',
-           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config', 'describe_regime',
-           'arch_counts_run', 'step_time_run', 'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves',
-           'plot_link_magnitudes', 'plot_link_evolution', 'plot_attention_examples']
+           'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'AAL_METHODS', 'LAST_THIRD_RULE', 'CE_SPEC', 'TABLE2_NAMES',
+           'NO_CIFAR_TEACHER', 'NO_WSOL_LABEL_TEACHER', 'CLAIM1_WORDS', 'vit_map_layout', 'cls_attention_maps',
+           'renormalize', 'teacher_block_maps', 'cnn_block_channels', 'aal_param_count', 'AttentionLinks',
+           'paper_link_mask', 'link_mask', 'resample_link_mask', 'link_magnitudes', 'link_pair_scores', 'select_links',
+           'aal_loss', 'aal_lambda_schedule', 'aal_decay_rates', 'deit_distillation_term', 'aal_method', 'link_history',
+           'pit_map_layout', 'pit_cls_attention_maps', 'pit_aal_method', 'imagenet_class_index', 'ClassSubset',
+           'restrict_to_classes', 'distill_method', 'kd_term', 'kd_method', 'claim_beats_baselines_at_low_data',
+           'claim_selective_beats_full', 'claim_cifar_aal_beats_label_distillation', 'link_depth_correlation',
+           'top_layer_share', 'init_link_magnitude', 'claim_links_follow_depth', 'epochs_to_reach',
+           'claim_converges_faster', 'claim_localises_better', 'frozen_teacher', 'teacher_stats', 'label_teacher',
+           'run_datasets', 'lambda_gammas', 'load_backbone_', 'build_run', 'cls_mean_maps', 'boxes_in_view',
+           'wsol_probe', 'abs_hist', 'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'deit_spec', 'regime_config',
+           'describe_regime', 'arch_counts_run', 'step_time_run', 'link_ranges', 'maxboxacc_rows', 'LinkSweep',
+           'plot_learning_curves', 'plot_link_magnitudes', 'plot_link_evolution', 'plot_attention_examples',
+           'paper_recipe', 'mean_of', 'links_of', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power',
+           'table_2', 'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'cifar_runs', 'table_5',
+           'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_val_boxes',
+           'table_C', 'table_D', 'table_E', 'table_lambda_decay', 'SweepArms', 'check_low_data', 'check_selective',
+           'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -1148,3 +1153,589 @@ def plot_attention_examples(images: Sequence[torch.Tensor], panels: Sequence[tup
     fig.tight_layout()
     return fig
 
+
+# %% ../nbs/12_aal.ipynb #b87053da
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .report import load_reported, side_by_side
+from .evaluate import whole_image_box_acc
+from .verdicts import arm, mean_ci, pilot_table, pooled_sd
+
+def _sweep_parts(recipe: Mapping) -> tuple:
+    "The sweep spec, its student and its (map) teacher of a profile."
+    SW = recipe["sweep"]
+    return SW, recipe[SW["student"]], SW["teacher"]
+
+def paper_recipe(recipe: Mapping) -> tuple[str, list]:
+    "What the paper profile trains, in words, and the datasets it needs (for `PaperRun.require_paper_resources`)."
+    R_ALL, st = recipe["regimes"].values(), recipe["student"]
+    datasets = sorted({R["data"]["name"] for R in R_ALL})
+    text = (f"DeiT-S-sized students ({st['depth']} x {st['embed_dim']}, {st['num_heads']} heads, {st['img_size']} px, patch "
+            f"{st['patch_size']}), ConViT-S and PiT-S for {'/'.join(map(str, sorted({R['epochs'] for R in R_ALL})))} epochs at "
+            f"batch {'/'.join(map(str, sorted({R.get('batch_size', recipe['train']['batch_size']) for R in R_ALL})))} on "
+            + ", ".join(datasets) + f", with the {recipe['sweep']['teacher']} (AAL) and "
+            f"{recipe['sweep']['label_teacher']} (DeiT) teachers from the timm hub (the authors used A100 GPUs)")
+    return text, datasets
+
+def mean_of(rs: Sequence[Mapping], met: str = "top1") -> float:
+    "Mean of metric `met` over a row's runs (one per seed); nan when the row was not run."
+    return float(np.mean([r[met] for r in rs])) if rs else float("nan")
+
+def links_of(mask: np.ndarray):
+    "A link spec: 'full' when Algorithm 1 keeps every pair (then the run is the full-link run, reused from the cache)."
+    return "full" if mask.all() else mask.astype(int).tolist()
+
+@dataclass
+class SelectiveLinks:
+    """Table 1's links: Algorithm 1's masks and pair scores of the seed-0 full-link runs at the sweep's smallest
+    fraction (alpha) and largest (beta). `mask(f)` is the link of fraction `f`'s selective run (decision 5)."""
+    alpha: np.ndarray
+    beta: np.ndarray
+    alpha_scores: np.ndarray
+    beta_scores: np.ndarray
+    f0: int
+    f_hi: int
+
+    @classmethod
+    def of(cls, full: Mapping[int, list]) -> "SelectiveLinks":
+        "From the full-link runs by fraction (`LinkSweep.by_fraction`, fractions ascending)."
+        f0, f_hi = min(full), max(full)
+        masks = (np.array(full[f][0]["selected"], dtype=bool) for f in (f0, f_hi))
+        scores = (np.array(full[f][0]["pair_scores"]) for f in (f0, f_hi))
+        return cls(*masks, *scores, f0, f_hi)
+
+    def mask(self, f: int) -> np.ndarray: return self.alpha if f != self.f_hi else self.beta
+
+    @property
+    def min_score(self) -> float:
+        "The smallest pair score of either mask: Algorithm 1 cut nothing when it is above theta_l."
+        return min(self.alpha_scores.min(), self.beta_scores.min())
+
+def table_1(recipe: Mapping, links: SelectiveLinks, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 1 and its caption: the ViT layers each CNN block is linked to by our alpha / beta links beside the
+    paper's, with Algorithm 1's score ranges (and the paper's links resampled to our depth where blocks match)."""
+    SW, ST, TT = _sweep_parts(recipe)
+    describe = lambda k: describe_regime(recipe, k)
+    f0, f_hi, L = links.f0, links.f_hi, links
+    depth, n_blocks = ST["depth"], L.alpha.shape[0]
+    ours1 = pd.DataFrame(dict(cnn_block=np.arange(1, n_blocks + 1), alpha_link_vit_layers=[link_ranges(r) for r in L.alpha],
+                              beta_link_vit_layers=[link_ranges(r) for r in L.beta]))
+    t1 = side_by_side(load_reported("aal", "table1_selective_links"), ours1, on=["cnn_block"],
+                      values=["alpha_link_vit_layers", "beta_link_vit_layers"], profile=profile)
+    for k, sc in (("alpha", L.alpha_scores), ("beta", L.beta_scores)):
+        t1[f"{k} scores (ours)"] = t1["cnn_block"].map({b + 1: f"{r.min():.2f}-{r.max():.2f}" for b, r in enumerate(sc)})
+    if n_blocks == 7:   # the paper's teacher depth: its links can be drawn at ours
+        for k in ("alpha", "beta"):
+            t1[f"{k}, paper resampled to our depth"] = [link_ranges(r) for r in resample_link_mask(paper_link_mask(k), depth).tolist()]
+    caption = (f"Selective links (1-based ViT layers linked to each CNN block). Paper: DeiT-S (12 layers) x EfficientNet-B3 "
+               f"(7 blocks). Ours: Algorithm 1 (theta_l = {recipe['theta_l']}) on our full links, ViT depth {depth} x {TT} "
+               f"({n_blocks} blocks); alpha from the {f0} % run, beta from the {f_hi} % run ({describe(SW['fractions'][f0])}; "
+               f"{describe(SW['fractions'][f_hi])}). Kept pairs: alpha {int(L.alpha.sum())}/{L.alpha.size}, beta "
+               f"{int(L.beta.sum())}/{L.beta.size}; smallest pair score {L.min_score:.2f} (a pair is "
+               f"cut at <= {recipe['theta_l']}).")
+    return t1, caption
+
+def sweep_summary(sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]]) -> pd.DataFrame:
+    "Mean top-1 (number of seeds) of AAL's selective runs and of every baseline at every fraction of the sweep."
+    return pd.DataFrame([dict(fraction=f, **{k: f"{mean_of(d[f]):.2f} ({len(d[f])})" for k, d in [("AAL", sel), *base.items()]})
+                         for f in sel])
+
+def pilot_power(recipe: Mapping, pilot_runs: Mapping[str, list]) -> tuple[pd.DataFrame, str]:
+    """The pilot table and its caption: `pilot_table` of the sweep's CE and CE + AAL runs at the pilot's fraction
+    (floor, seed spread, AAL's effect with its interval, seeds needed), against the paper's Table 5 effect."""
+    SW, ST, TT = _sweep_parts(recipe)
+    describe = lambda k: describe_regime(recipe, k)
+    PL = recipe["pilot"]
+    fp = PL["fraction"]
+    rep5 = load_reported("aal", "table5_cifar10_ablation").set_index(["method", "augmentation"])["top1"]
+    aug5 = "weak" if recipe["regimes"][SW["fractions"][fp]]["augment"] == "weak" else "strong"
+    paper_gain = rep5["CE + AAL", aug5] - rep5["Cross Entropy (CE)", aug5]
+    r0 = pilot_runs["CE (scratch)"][0]
+    n_cls = len(get_dataset(recipe["regimes"][SW["fractions"][fp]]["data"]["name"], "train").classes)
+    pilot = pilot_table(pilot_runs, "CE (scratch)", chance=100 / n_cls, floor=PL["floor"],
+                        claimed={f"CE + AAL ({TT})": paper_gain})
+    psd, pdf = pilot.attrs["pooled_sd"]
+    caption = (f"The regime's power: {describe(SW['fractions'][fp])} ({r0['n_train']} train images, {r0['n_val']} test "
+               f"images), ViT embed {ST['embed_dim']} depth {ST['depth']} patch {ST['patch_size']} at {ST['img_size']} px, the "
+               f"profile's optimiser; AAL with {TT}. The sweep's {fp} % runs" + (" (its CE runs are the pilot's own, reused)"
+               if SW.get("reuse") else "") + f". Pooled "
+               f"seed sd {psd:.2f} (df {pdf:.0f}); chance {100 / n_cls:.0f} %. Paper effect: Table 5, CE + AAL - CE ({aug5} "
+               f"augmentation, DeiT-S, 300 epochs) = {paper_gain:+.1f}. "
+               + ("An arm with one seed borrows the pooled seed sd. " if min(len(v) for v in pilot_runs.values()) == 1 else "")
+               + "Minutes per run on this machine's 2-core CPU." + (f" Paired on the test images (both arms' per-image hits): "
+                 f"{', '.join(pilot.attrs['paired'])}; the other effects count each arm's test-set error independently."
+                 if pilot.attrs["paired"] else " Unpaired: the pilot's CE runs predate per-image hits."))
+    return pilot, caption
+
+TABLE2_NAMES = {"DeiT": "DeiT-S", "ConViT": "ConViT-S", "CE": "CE (no teacher; ours only)", "AAL": "AAL"}
+
+def table_2(recipe: Mapping, sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]],
+            profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 2 and its caption: top-1/top-5 by fraction of every baseline and AAL's selective link (mean over seeds)."
+    SW, ST, TT = _sweep_parts(recipe)
+    fr = list(sel)
+    f0, f_hi = fr[0], fr[-1]
+    rows = [dict(fraction=f, method=TABLE2_NAMES[k], top1=mean_of(d[f]), top5=mean_of(d[f], "top5"), seeds=len(d[f]))
+            for f in fr for k, d in [*base.items(), ("AAL", sel)]]
+    t2 = side_by_side(load_reported("aal", "table2_imagenet_subsets"), pd.DataFrame(rows), on=["fraction", "method"],
+                      values=["top1", "top5", "seeds"], profile=profile)
+    t2[f"seeds (ours, {profile})"] = t2[f"seeds (ours, {profile})"].astype("Int64")
+    sizes = ", ".join(f"{f} %: {rs[0]['n_train']} images x {rs[0]['epochs']} epochs" for f, rs in sel.items())
+    caption = (f"Top-1/top-5 (%) by training-set fraction, mean over the seeds counted in `seeds`. Paper: ImageNet, DeiT-S / "
+               f"ConViT-S / AAL, 300 epochs at every fraction. Ours: fractions of {recipe['regimes'][SW['fractions'][f0]]['data']['name']} "
+               f"({sizes}: about equal images seen, decision 7; {sel[f0][0]['n_val']} test images), ViT embed {ST['embed_dim']} "
+               f"depth {ST['depth']} patch {ST['patch_size']}; DeiT-S = hard distillation from {SW['label_teacher']}; AAL = selective link (alpha "
+               f"below {f_hi} %, beta at {f_hi} %; the full link where Algorithm 1 keeps every pair) with the {TT} teacher; CE = "
+               "the same student without a teacher (not in the paper's table). One-seed rows borrow the pooled seed sd in the "
+               "claims." + ("" if "ConViT" in base else " ConViT is not in this profile's sweep (cost); Table A has it."))
+    return t2, caption
+
+def table_2_gaps(sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]], profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 2's gap rows and caption: AAL's relative gain (%) over DeiT and ConViT at each fraction, from Table 2's means."
+    gap_rows = []
+    for f in sel:
+        for met in ("top1", "top5"):
+            a = mean_of(sel[f], met)
+            d, c = (mean_of(base[k][f], met) if k in base else float("nan") for k in ("DeiT", "ConViT"))
+            gap_rows.append(dict(fraction=f, metric=met, gap_vs_deit_s=100 * (a - d) / d if d else float("nan"),
+                                 gap_vs_convit_s=100 * (a - c) / c if c else float("nan")))
+    t2g = side_by_side(load_reported("aal", "table2_imagenet_subsets_gap"), pd.DataFrame(gap_rows), on=["fraction", "metric"],
+                       values=["gap_vs_deit_s", "gap_vs_convit_s"], profile=profile)
+    return t2g, ("Relative gain (%) of AAL over DeiT-S and ConViT-S, 100 * (AAL - baseline) / baseline, from the "
+                 "means of Table 2 (ours: the sweep's fractions, see Table 2; NaN where the baseline was not run).")
+
+def table_3(recipe: Mapping, full: Mapping[int, list], sel3: Mapping[int, list], links: SelectiveLinks,
+            profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 3 and its caption: full vs selective link at every fraction (mean over seeds) and the relative gap; where
+    Algorithm 1 kept every pair the two rows are one run, and the caption says so."""
+    rows3 = []
+    for f in full:
+        s, u = mean_of(sel3[f]), mean_of(full[f])
+        s5, u5 = mean_of(sel3[f], "top5"), mean_of(full[f], "top5")
+        for link, rs in (("full", full[f]), ("selective", sel3[f])):
+            rows3.append(dict(fraction=f, link=link, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs),
+                              gap_top1=100 * (s - u) / u if u else float("nan"),
+                              gap_top5=100 * (s5 - u5) / u5 if u5 else float("nan")))
+    t3 = side_by_side(load_reported("aal", "table3_full_vs_selective_link"), pd.DataFrame(rows3), on=["fraction", "link"],
+                      values=["top1", "top5", "seeds", "gap_top1", "gap_top5"], profile=profile)
+    t3[f"seeds (ours, {profile})"] = t3[f"seeds (ours, {profile})"].astype("Int64")
+    same = [f for f in full if links.mask(f).all()]
+    T3, f0 = recipe.get("table3", {}).get("fractions", {}), links.f0   # Table 3's own regimes (paper: batch 1024)
+    b3 = recipe["regimes"][T3[f0]].get("batch_size", recipe["train"]["batch_size"]) if f0 in T3 else recipe["train"]["batch_size"]
+    caption = ("Full vs selective link, top-1/top-5 (%) (mean over seeds) and relative gap (%) of "
+               f"selective over full. Paper: ImageNet, batch 1024, beta link at 100 %, alpha otherwise. Ours: the sweep's "
+               f"fractions (batch {b3}), alpha/beta from Table 1."
+               + (f" At {', '.join(map(str, same))} % Algorithm 1 kept every pair (smallest pair score "
+                  f"{links.min_score:.2f} vs theta_l {recipe['theta_l']}), so the selective run IS the full-link "
+                  "run there: those rows are one run and claim 2 is untestable." if same else ""))
+    return t3, caption
+
+def curve_arms(base: Mapping[str, Mapping[int, list]], full: Mapping[int, list], beta_run: Mapping, fc: int) -> dict:
+    "Figure 3's arms at the curve fraction `fc`: name -> runs, only the arms evaluated more than once."
+    curves = {"DeiT": base.get("DeiT", {}).get(fc), "ConViT": base.get("ConViT", {}).get(fc), "AAL full link": full[fc],
+              "AAL beta link": [beta_run]}
+    return {k: rs for k, rs in curves.items() if rs and len(rs[0]["curve"]) > 1}
+
+def reach_epoch(r: Mapping, target: float) -> int:
+    "Epochs to reach the target; a run that never does counts at its next evaluation (a lower bound)."
+    c = r["curve"]
+    return epochs_to_reach(c, target) or c[-1]["epoch"] + (c[-1]["epoch"] - c[-2]["epoch"] if len(c) > 1 else 1)
+
+def table_3_epochs(recipe: Mapping, curves: Mapping[str, list], target: float, base: Mapping[str, Mapping[int, list]],
+                   profile: str) -> tuple[pd.DataFrame, str, dict]:
+    """The epochs-to-accuracy table (the paper's quote beside Figure 3), its caption, and each arm's epochs to reach
+    `target` per seed (claim 5)."""
+    SW, C = recipe["sweep"], recipe["claims"]
+    fc, ref_name = SW["curve"]["fraction"], C["convergence_reference"]
+    reach_of = {k: [reach_epoch(r, target) for r in rs] for k, rs in curves.items()}
+    f3 = side_by_side(load_reported("aal", "fig3_learning_curve_quoted"),
+                      pd.DataFrame([dict(method=m, dataset="ImageNet", top1=target, epochs_to_reach=float(np.mean(reach_of[k])),
+                                         per_seed=", ".join(map(str, reach_of[k])))
+                                    for m, k in (("AAL", "AAL full link"), ("DeiT", "DeiT")) if k in reach_of],
+                                   columns=["method", "dataset", "top1", "epochs_to_reach", "per_seed"]),   # also with no curve
+                      on=["method", "dataset"], values=["top1", "epochs_to_reach", "per_seed"], profile=profile)
+    caption = (f"Epochs to reach a top-1 accuracy (the paper's quote: 70 % on ImageNet; AAL at about "
+               f"50 epochs, DeiT at 120). Ours: {describe_regime(recipe, SW['fractions'][fc])}, target = {C['convergence_fraction']} x "
+               f"{ref_name}'s final top-1 ({mean_of(base[ref_name][fc]):.2f} %, mean of {len(base[ref_name][fc])} seeds); AAL = full "
+               f"link; evaluated every epoch; mean over seeds (per seed beside it; a run that never reaches the target counts at "
+               f"the epoch after its last).")
+    return f3, caption, reach_of
+
+# %% ../nbs/12_aal.ipynb #adf0928a
+NO_CIFAR_TEACHER = ("not run: the paper does not name its CIFAR-10 teacher (cifar.teacher: null in papers/aal/profiles.yaml); "
+                    "set it to a get_teacher spec of a CIFAR-10 CNN (a checkpoint file, or 'timm:<name>' with its weights) to "
+                    "run this row")
+
+def cifar_runs(recipe: Mapping, sweep: LinkSweep, run: Callable, aug: str, arm_: str, method: dict, arch: dict) -> list:
+    """One row of Table 5 / A (`run(config, name) -> result` per seed): in a sweep regime the sweep's runs (a sweep
+    arm's seeds), else the secondary seeds; [] when the method needs a teacher the profile does not give."""
+    CF, SW = recipe["cifar"], recipe["sweep"]
+    R = CF[aug]
+    if "teacher" in method and method["teacher"] is None: return []   # NO_CIFAR_TEACHER
+    sweep_of = {r: int(f) for f, r in SW["fractions"].items()}   # regime -> the sweep fraction that runs it
+    seeds_ = sweep.seeds(sweep_of[R], arm_) if R in sweep_of and arm_ in SW["arms"] else CF["secondary_seeds"]
+    if R in sweep_of:
+        return [run(sweep.config(sweep_of[R], method, arch, s, arm_), f"t5_{arm_}_{aug}_{sweep_of[R]}_seed{s}") for s in seeds_]
+    return [run(regime_config(recipe, R, method, arch, s), f"t5_{arm_}_{aug}" + (f"_seed{s}" if s else "")) for s in seeds_]
+
+def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple[pd.DataFrame, str, set]:
+    """Table 5, its caption and the rows not run (no CIFAR-10 teacher given): `cifar` maps (method, augmentation) to
+    that row's runs."""
+    CF, ST = recipe["cifar"], _sweep_parts(recipe)[1]
+    describe = lambda k: describe_regime(recipe, k)
+    t5o = pd.DataFrame([dict(method=n, augmentation=a, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs))
+                        for (n, a), rs in cifar.items()])
+    t5 = side_by_side(load_reported("aal", "table5_cifar10_ablation"), t5o, on=["method", "augmentation"],
+                      values=["top1", "top5", "seeds"], profile=profile)
+    t5[f"seeds (ours, {profile})"] = t5[f"seeds (ours, {profile})"].astype("Int64")
+    not_run = {n for (n, a), rs in cifar.items() if not rs}
+    if not_run: t5["note"] = [NO_CIFAR_TEACHER if m in not_run else "" for m in t5["method"]]
+    caption = (f"CIFAR-10 top-1/top-5 (%), mean over `seeds`. Teacher trained on CIFAR-10: paper unnamed, ours "
+               + (f"{CF['teacher']} (offline weights)." if CF["teacher"] else "none given (the rows that need it say so).")
+               + f" Ours: weak = {describe(CF['weak'])}, strong = {describe(CF['strong'])}; ViT embed "
+               f"{ST['embed_dim']} depth {ST['depth']} patch {ST['patch_size']} at {ST['img_size']} px (paper: DeiT-S, 300 epochs). "
+               "One-seed rows borrow the pooled seed sd of the sweep's multi-seed rows in claim 3 (for the strong rows a spread "
+               "measured under another augmentation and schedule: the closest one measured).")
+    return t5, caption, not_run
+
+def table_A(recipe: Mapping, tA_runs: Mapping[str, list], profile: str) -> tuple[pd.DataFrame, str]:
+    "Table A and its caption: CIFAR-10 top-1 with the ImageNet teacher, `tA_runs` mapping the paper's model to its runs."
+    CF = recipe["cifar"]
+    LS_C = CF.get("imagenet_teacher_size")
+    tAo = pd.DataFrame([dict(model=k, dataset="CIFAR-10", top1=mean_of(rs)) for k, rs in tA_runs.items()])
+    tA = side_by_side(load_reported("aal", "tableA_cifar10"), tAo, on=["model", "dataset"], values=["top1"], profile=profile)
+    fed = f"fed {LS_C} px" if LS_C else "at the student's size"
+    caption = (f"CIFAR-10 top-1 (%) with an ImageNet teacher (ours: {CF['imagenet_teacher']} {fed}, proxy for "
+               f"EfficientNet-B3), {describe_regime(recipe, CF['strong'])}, one seed. DeiT-B row: ours is the same-size ViT "
+               "trained from scratch with CE (the text compares to DeiT-B from scratch), shared with Table 5; ConViT-S: our "
+               "ConViT, CE. Table 5's strong CE + AAL row is the same regime with the CIFAR-10 teacher.")
+    return tA, caption
+
+def teacher_top1_config(recipe: Mapping, name: str, where: str, teacher_size=None) -> dict:
+    "The `teacher_top1` run config of a teacher on its own test set: `where` = cifar (Table 5's data), wsol (Table C's) or sweep."
+    reg = {"cifar": recipe["cifar"]["weak"], "wsol": recipe["wsol"]["regime"],
+           "sweep": recipe["sweep"]["fractions"][max(int(f) for f in recipe["sweep"]["fractions"])]}[where]
+    img = (recipe[recipe["wsol"]["student"]] if where == "wsol" else _sweep_parts(recipe)[1])["img_size"]
+    return dict(kind="teacher_top1", teacher=name, data=recipe["regimes"][reg]["data"], img_size=img,
+                **({"teacher_size": teacher_size} if teacher_size else {}))
+
+def table_4(recipe: Mapping, rows: Sequence[tuple], profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 4 and its caption from (profile row of `table4.rows`, student arch, student run, teacher_top1 run) per
+    teacher/student pair."""
+    t4_rows = []
+    for row, arch, r, tq in rows:
+        ts = row.get("teacher_size")
+        t4_rows.append(dict(teacher=row["paper_teacher"], student=row["paper_student"], teacher_top1=tq["top1"],
+                            student_top1=r["top1"], pair=f"{row['teacher']}{f' ({ts} px)' if ts else ''} -> ViT embed "
+                            f"{arch['embed_dim']} depth {arch['depth']}"))
+    t4 = side_by_side(load_reported("aal", "table4_teacher_student"), pd.DataFrame(t4_rows), on=["teacher", "student"],
+                      values=["teacher_top1", "student_top1", "pair"], profile=profile)
+    caption = (f"Teacher/student variants, top-1 (%). Paper: ImageNet. Ours: {describe_regime(recipe, recipe['table4']['regime'])}, "
+               "full links, one seed; teacher top-1 on the teacher's own test set (CIFAR-10 test for the CIFAR-10 ResNet; "
+               "Tiny-ImageNet val restricted to its 200 classes for the ImageNet CNN, whose classes differ from the "
+               "student's: AAL needs no shared label space).")
+    return t4, caption
+
+def pit_aal_spec(recipe: Mapping, teacher_name: str) -> dict:
+    "The method spec of PiT + AAL (decision 9) with the profile's lambda and its decay."
+    a = recipe["aal"]
+    return dict(kind="pit_aal", teacher=teacher_name, lam=a["lam"], lambda_decay=a["lambda_decay"], ref_epochs=a["ref_epochs"],
+                gamma=a["gamma"], gamma_last_third=a["gamma_last_third"], last_third=LAST_THIRD_RULE)
+
+def table_6(recipe: Mapping, pit_ce: Mapping, pit_aal: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table 6 and its caption: PiT with and without AAL (one run each)."
+    PIT, TT = recipe["pit"], recipe["sweep"]["teacher"]
+    t6o = pd.DataFrame([dict(method="Pit-S", dataset="ImageNet", fraction=5, top1=pit_ce["top1"], top5=pit_ce["top5"]),
+                        dict(method="Pit-S + AAL", dataset="ImageNet", fraction=5, top1=pit_aal["top1"], top5=pit_aal["top5"])])
+    t6 = side_by_side(load_reported("aal", "table6_pit"), t6o, on=["method", "dataset", "fraction"], values=["top1", "top5"],
+                      profile=profile)
+    caption = (f"PiT with and without AAL, top-1/top-5 (%). Paper: PiT-S, ImageNet 5 %. Ours: PiT (embed {PIT['embed_dim']}, "
+               f"depth {PIT['depth']}, 3 stages) on {describe_regime(recipe, recipe['pit_regime'])}, one seed, {TT} teacher, all "
+               "stages' CLS maps resized to the first-stage grid and fully linked (decision 9).")
+    return t6, caption
+
+# %% ../nbs/12_aal.ipynb #5a54625d
+NO_WSOL_LABEL_TEACHER = ("not run: the paper does not name DeiT's label teacher on CUB-200 (an ImageNet CNN's classes are "
+                         "not its classes); set wsol.label_teacher in papers/aal/profiles.yaml to a get_teacher spec to run it")
+
+def table_B(recipe: Mapping, run: Callable, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table B and its caption. Below the paper profile (no `finegrained:`) the paper's values with a note; at paper,
+    one run (`run(config, name)`) per row of the paper's table: AAL or DeiT, from scratch or ImageNet weights."""
+    FG = recipe.get("finegrained")
+    rep_b = load_reported("aal", "tableB_finegrained")
+    if not FG:   # CUB-200-2011 and Flowers-102 are not offline
+        tB = rep_b.rename(columns={"top1": "top1 (paper)", "top5": "top5 (paper)"})
+        tB[f"ours, {profile}"] = "not reproducible offline: CUB-200-2011 and Flowers-102 are not in the offline data"
+        return tB, "Fine-grained classification, top-1/top-5 (%), 300 epochs, scratch and ImageNet transfer (paper only)."
+    SW, ST, TT = _sweep_parts(recipe)
+    rows_b = []
+    for r in rep_b.itertuples():
+        key = dict(dataset=r.dataset, method=r.method, init=r.init)
+        if r.init == "transfer" and r.dataset not in FG["transfer_datasets"]:
+            rows_b.append(dict(key, note="omitted by the paper (trivial from ImageNet weights)")); continue
+        lt = (FG.get("label_teacher") or {}).get(r.dataset)
+        if r.method == "DeiT" and lt is None:
+            rows_b.append(dict(key, note=f"not run: the paper does not name DeiT's label teacher on {r.dataset} (an ImageNet "
+                               "CNN's classes are not its classes); set finegrained.label_teacher in papers/aal/profiles.yaml "
+                               "to a get_teacher spec per dataset to run this row")); continue
+        method, arch = (deit_spec(lt), dict(ST, arch="deit")) if r.method == "DeiT" else (aal_spec(recipe, TT), ST)
+        reg = FG["regimes"][r.dataset]
+        same_c = reg == recipe["wsol"]["regime"] and r.init == "scratch"   # then Table C's run of that arm, probed (one run)
+        cfg = regime_config(recipe, reg, method, arch, probes=recipe["probes"] if same_c else None)
+        if r.init == "transfer": cfg["init"] = FG["transfer_init"][arch["arch"]]
+        res = run(cfg, f"tB_{r.method.lower()}_{r.init}_{r.dataset}")
+        rows_b.append(dict(key, top1=res["top1"], top5=res["top5"], note=""))
+    ours_b = pd.DataFrame(rows_b)
+    tB = side_by_side(rep_b, ours_b, on=["dataset", "method", "init"], values=["top1", "top5"], profile=profile)
+    tB = tB.merge(ours_b[["dataset", "method", "init", "note"]], on=["dataset", "method", "init"], how="left")
+    caption = ("Fine-grained classification, top-1/top-5 (%), one seed. Ours: "
+               + "; ".join(f"{d}: {describe_regime(recipe, g)}" for d, g in FG["regimes"].items()) + f"; AAL with {TT}; "
+               "transfer = the student initialised from " + ", ".join(f"{v} ({k})" for k, v in FG["transfer_init"].items()) + ".")
+    return tB, caption
+
+def wsol_val_boxes(recipe: Mapping) -> tuple:
+    """Table C's val set with boxes (class-balanced to `probes.wsol_per_class` where set) and the MaxBoxAcc of the
+    whole image as the predicted box (the floor: a localiser that localises nothing)."""
+    WS = recipe["wsol"]
+    S, wdata = recipe[WS["student"]], recipe["regimes"][WS["regime"]]["data"]
+    _, va_box, _ = run_datasets(dict(wdata, fraction=None), S["img_size"], "none")
+    if recipe["probes"].get("wsol_per_class"):
+        va_box = class_balanced_subset(va_box, per_class=recipe["probes"]["wsol_per_class"], seed=0)
+    whole = whole_image_box_acc(boxes_in_view(va_box, S["img_size"]), S["img_size"], S["img_size"])
+    return va_box, whole
+
+def table_C(recipe: Mapping, wsol: Mapping[str, Mapping], va_box, whole: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    "Table C and its caption: MaxBoxAcc of each probed student in `wsol` (name -> run) and of the whole-image box."
+    WS = recipe["wsol"]
+    S, wdata = recipe[WS["student"]], recipe["regimes"][WS["regime"]]["data"]
+    LITE, LS = WS["teacher"], WS.get("teacher_size")
+    rep_c = load_reported("aal", "tableC_wsol")
+    rep_c["iou_threshold"] = rep_c["iou_threshold"].astype(str)
+    tC = side_by_side(rep_c, pd.DataFrame([x for k, r in wsol.items() for x in maxboxacc_rows(k, r["wsol"])]
+                                          + maxboxacc_rows("whole-image box (trivial)", whole)),
+                      on=["iou_threshold", "method"], values=["maxboxacc"], profile=profile)
+    if "deit" in WS["arms"] and "DeiT" not in wsol: tC["note"] = [NO_WSOL_LABEL_TEACHER if m == "DeiT" else "" for m in tC["method"]]
+    tops = ", ".join(f"{k} {r['top1']:.2f} %" for k, r in wsol.items())
+    probes = recipe["probes"]
+    caption = (f"WSOL MaxBoxAcc (%). Paper: CUB-200 (DeiT-S hard distillation vs AAL). Ours: {wdata['name']} val boxes "
+               f"(proxy for CUB-200; {len(va_box)} images, {probes.get('wsol_per_class') or 'all'} per class), students trained "
+               f"on {describe_regime(recipe, WS['regime'])} with {LITE} fed {LS or S['img_size']} px, one seed each; score map = "
+               f"mean of all CLS attention maps (every head and layer), upsampled bilinearly. Students' top-1: {tops} on "
+               f"{len(va_box.classes)} classes (the floor for a decidable regime is {WS.get('floor', 15)} %"
+               + (": not reached within this budget, so these maps come from weak classifiers"
+                  if max(r["top1"] for r in wsol.values()) < WS.get("floor", 15) else "")
+               + "). One probed run per model and no seed spread of MaxBoxAcc measured: claim 6 is untestable here.")
+    return tC, caption
+
+def table_D(recipe: Mapping, counts: Mapping, rt: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table D and its caption: `counts` (`arch_counts_run`: params and GMACs of the paper's architectures) plus the
+    link module, and `rt` (`step_time_run`: seconds per training step of our sweep's models)."""
+    SW, ST, TT = _sweep_parts(recipe)
+    TD = recipe["table_d"]["paper_models"]
+    aal_extra = aal_param_count(72, 952)   # DeiT-S (12 layers x 6 heads) x EfficientNet-B3 (952 channels)
+    c = counts
+    tDo = pd.DataFrame([
+        dict(model="DeiT-S", params_m=c["deit_s"]["params_m"], flops_g=c["deit_s"]["flops_g"], runtime_s=rt["deit"],
+             teacher="RegNetY_160", teacher_params_m=c["regnety_160"]["params_m"], teacher_flops_g=c["regnety_160"]["flops_g"]),
+        dict(model="ConViT-S", params_m=c["convit_s"]["params_m"], flops_g=c["convit_s"]["flops_g"], runtime_s=rt["convit"]),
+        dict(model="AAL", params_m=c["deit_s"]["params_m"] + aal_extra / 1e6, flops_g=c["deit_s"]["flops_g"],
+             runtime_s=rt["aal"], teacher="EfficientNet_B3", teacher_params_m=c["efficientnet_b3"]["params_m"],
+             teacher_flops_g=c["efficientnet_b3"]["flops_g"])])
+    tD = side_by_side(load_reported("aal", "tableD_flops_params"), tDo, on=["model"],
+                      values=["params_m", "flops_g", "runtime_s", "teacher_params_m", "teacher_flops_g"], profile=profile)
+    caption = (f"Params (M) and GMACs at 224 px of the paper's architectures (timm {TD}), computed here; "
+               f"AAL = DeiT-S + the {aal_extra:,}-parameter link module. runtime_s (ours) = median seconds per training step at "
+               f"batch {recipe['table_d']['runtime']['batch']} of OUR sweep's models (ViT embed {ST['embed_dim']} depth "
+               f"{ST['depth']}, {TT} teacher for DeiT's labels and AAL's maps, {ST['img_size']} px) on "
+               + (f"{rt['device']}" if "device" in rt else f"this CPU ({rt['threads']} threads, load {rt['load1']:.1f})")
+               + ", not the paper's A100.")
+    return tD, caption
+
+def table_E(recipe: Mapping, e_runs: Sequence[Mapping], seeds: Sequence[int], profile: str) -> tuple[pd.DataFrame, str]:
+    """Table E and its caption: AAL (alpha link) with three seeds, `e_runs` of `seeds`; at paper its own regime
+    (`table_e`), else the sweep's smallest-fraction AAL runs."""
+    TE, SW = recipe.get("table_e"), recipe["sweep"]
+    f0 = min(int(f) for f in SW["fractions"])
+    describe = lambda k: describe_regime(recipe, k)
+    tEo = pd.DataFrame([dict(trial=tr, dataset="ImageNet", fraction=5, top1=r["top1"], top5=r["top5"])
+                        for tr, r in zip(("I", "II", "III"), e_runs)])
+    tE = side_by_side(load_reported("aal", "tableE_seeds"), tEo, on=["trial", "dataset", "fraction"], values=["top1", "top5"],
+                      profile=profile)
+    m, h = mean_ci(tEo.top1)
+    caption = (f"AAL (alpha link) with seeds {list(seeds)} (model init and data order; same subset), top-1/top-5 (%). Paper: "
+               "ImageNet 5 %, 240 epochs. Ours: "
+               + (describe(TE["regime"]) if TE else f"{describe(SW['fractions'][f0])} (Table 2's AAL runs at {f0} %)")
+               + f". Spread (max - min) top-1: {tEo.top1.max() - tEo.top1.min():.2f}; mean {m:.2f} +- {h:.2f} "
+               "(95 % t interval).")
+    return tE, caption
+
+def table_lambda_decay(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final: Mapping,
+                       profile: str) -> tuple[pd.DataFrame, str]:
+    """The lambda / decay ablation table and its caption: `lam_runs` (lambda -> run) in the ablation's lambda regime,
+    `fixed` (one decay rate) and `final` (the paper's two rates) in its decay regime. Our rows meet the paper's on its
+    setting (ImageNet fraction, lambda, decay); the regime each ran in is a column of its own."""
+    AB, lam0 = recipe["ablation"], recipe["aal"]["lam"]
+    rl, rd = AB["lambda_regime"], AB["decay_regime"]
+    rep_h = load_reported("aal", "text_hyperparameter_ablation")
+    rep_h["decay"] = rep_h["decay"].fillna("")
+    pf = rep_h.groupby(rep_h["decay"] != "")["fraction"].first()   # False: the lambda rows, True: the decay rows
+    abl = [dict(dataset="ImageNet", fraction=pf[False], **{"lambda": lam}, decay="", top1=r["top1"], top5=r["top5"])
+           for lam, r in lam_runs.items()]
+    abl += [dict(dataset="ImageNet", fraction=pf[True], **{"lambda": lam0}, decay="fixed 0.99", top1=fixed["top1"], top5=fixed["top5"]),
+            dict(dataset="ImageNet", fraction=pf[True], **{"lambda": lam0}, decay="final model", top1=final["top1"], top5=final["top5"])]
+    tH = side_by_side(rep_h, pd.DataFrame(abl), on=["dataset", "fraction", "lambda", "decay"], values=["top1", "top5"], profile=profile)
+    tH = tH.rename(columns={"fraction": "fraction (paper)"})
+    tH.insert(2, f"regime (ours, {profile})", [rd if d else rl for d in tH["decay"]])
+    ed = recipe["regimes"][rd]["epochs"]
+    ed_note = (f"{ed} epochs, the last {math.ceil(ed / 3)} entered at the last-third rate" if ed > 1 else
+               "1 epoch, so lambda never leaves its initial value")
+    caption = (f"lambda (paper: ImageNet {pf[False]:g} %) and decay (paper: ImageNet {pf[True]:g} %, fixed 0.99 "
+               f"vs 0.99 then 0.98) ablations, top-1/top-5 (%), selective links, one seed. Ours: lambda on "
+               f"{describe_regime(recipe, rl)}, decay on {describe_regime(recipe, rd)} (the lambda-2000 and final-model rows "
+               f"are one run when the regimes agree), decay rates {recipe['aal']['lambda_decay']} (decision 6); the decay runs "
+               f"train {ed_note}."
+               + (" The two decay rows trained with the same lambda at every epoch (as their runs record it): one schedule, "
+                  "not a comparison." if fixed["weights"] == final["weights"] else ""))
+    return tH, caption
+
+# %% ../nbs/12_aal.ipynb #04911842
+class SweepArms:
+    """The sweep's top-1 arms for the claims, from `runs_by` (method -> fraction -> runs; AAL's selective runs and the
+    baselines). A row with one seed borrows the pooled seed-to-seed sd of the multi-seed rows (`pooled_sd`); `hits`
+    keeps the per-image test hits of the rows whose runs all kept them, for paired differences."""
+    def __init__(self, runs_by: Mapping[str, Mapping[int, list]]):
+        self.runs_by = runs_by
+        multi = [self.unpooled(rs, f"{k} {f} %") for k, d in runs_by.items() for f, rs in d.items() if len(rs) > 1]
+        self.n_multi = len(multi)
+        self.sd = dict(zip(("sd_seed", "sd_df"), pooled_sd(multi))) if multi else {}
+        self.hits = {f"{k} {f} %": [r["correct"] for r in rs] for k, d in runs_by.items() for f, rs in d.items()
+                     if all(r.get("correct") for r in rs)}   # the pilot's CE runs predate per-image hits
+        self.by_method = {k: {f: self.arm(rs, f"{k} {f} %") for f, rs in d.items()} for k, d in runs_by.items()}
+
+    @staticmethod
+    def unpooled(rs: Sequence[Mapping], name: str, **sd):
+        "The top-1 arm of one row's runs, with the test-set size of its first run."
+        return arm([r["top1"] for r in rs], name, n_test=rs[0]["n_val"], **sd)
+
+    def arm(self, rs: Sequence[Mapping], name: str):
+        "The top-1 arm of one row's runs, borrowing the pooled sd when it has one seed."
+        return self.unpooled(rs, name, **(self.sd if len(rs) == 1 else {}))
+
+    def borrowed(self, names: Sequence[str]) -> str:
+        "Evidence text: which one-seed rows borrow the pooled sd, and what that sd is."
+        pooled = (f"the pooled top-1 sd of the sweep's {self.n_multi} multi-seed rows (sd {self.sd.get('sd_seed', float('nan')):.3f}, "
+                  f"df {self.sd.get('sd_df', 0):.0f})")
+        return f"one-seed rows ({', '.join(names) or 'none'}) borrow {pooled} plus the test-set error"
+
+    def one_seed_rows(self) -> list[str]:
+        return [f"{k} {f} %" for k, d in self.runs_by.items() for f, rs in d.items() if len(rs) == 1]
+
+CLAIM1_WORDS = {"DeiT": "DeiT distillation", "ConViT": "ConViT", "CE": "plain CE"}
+
+def check_low_data(arms: SweepArms, base: Mapping[str, Mapping[int, list]]) -> tuple[str, Verdict, str]:
+    "Claim 1's text, verdict and evidence: AAL's selective link beats every baseline at the fractions up to 30 %."
+    A1, fr = arms.by_method, list(arms.runs_by["AAL"])
+    low = [f for f in fr if f <= 30 and f != fr[-1]]
+    names = (" and ".join([", ".join(CLAIM1_WORDS[k] for k in list(base)[:-1]), CLAIM1_WORDS[list(base)[-1]]])
+             if len(base) > 1 else " and ".join(CLAIM1_WORDS[k] for k in base))
+    gaps = lambda k: ", ".join(f"{f}%: {A1['AAL'][f].mean - A1[k][f].mean:+.2f}" for f in fr)
+    evidence = ("; ".join(f"top-1 AAL - {k} by fraction {gaps(k)}" for k in base) + "; "
+                f"paired on the test images where both arms kept per-image hits ({len(arms.hits)} rows); "
+                f"{arms.borrowed(arms.one_seed_rows())}"
+                + ("" if "ConViT" in base else "; the paper's ConViT baseline is not in this profile's sweep, so that part "
+                   "of the paper's claim is not tested"))
+    return (CLAIM_TEXTS["1_low_data"].format(baselines=names, low=", ".join(map(str, low))),
+            claim_beats_baselines_at_low_data(A1["AAL"], {k: A1[k] for k in base}, low, arms.hits), evidence)
+
+def check_selective(recipe: Mapping, arms: SweepArms, full: Mapping[int, list], sel3: Mapping[int, list],
+                    links: SelectiveLinks) -> tuple[str, Verdict, str]:
+    """Claim 2's text, verdict and evidence: the selective link beats the full link at the two smallest fractions;
+    where Algorithm 1 pruned nothing the evidence says why (the links stay near their initialisation)."""
+    fr, f0, theta = list(full), links.f0, recipe["theta_l"]
+    low2 = fr[:2]
+    full_a = {f: arms.arm(full[f], f"full link {f} %") for f in low2}
+    sel_a = {f: full_a[f] if links.mask(f).all() else arms.arm(sel3[f], f"selective {f} %") for f in low2}
+    init_mean, trained_mean = np.mean(full[f0][0]["links_init"]), np.mean(full[f0][0]["links"])
+    why = (f"; Algorithm 1 (theta_l {theta}, min-max normalised |w|, mean per (CNN block, ViT layer)) cuts a pair only "
+           f"when its mean |w| falls below {theta} x the largest link; the smallest pair score here is "
+           f"{links.min_score:.2f}. The links stay near their random initialisation at this scale (mean "
+           f"|w| {trained_mean:.3f} trained vs {init_mean:.3f} at init, {full[f0][0]['steps']} steps; Figure 2's last panel), so "
+           "no pair is pruned and there is no selective link to compare" if all(links.mask(f).all() for f in low2) else "")
+    evidence = ("top-1 selective - full: " + ", ".join(f"{f}%: {mean_of(sel3[f]) - mean_of(full[f]):+.2f}" for f in fr)
+                + f"; alpha keeps {int(links.alpha.sum())}/{links.alpha.size} pairs, beta {int(links.beta.sum())}/"
+                f"{links.beta.size}" + why)
+    return (CLAIM_TEXTS["2_selective"].format(low=", ".join(map(str, low2))),
+            claim_selective_beats_full(full_a, sel_a, {f: links.mask(f) for f in low2}, low2), evidence)
+
+def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], not_run: set) -> tuple[str, Verdict, str]:
+    """Claim 3's text, verdict and evidence from Table 5's runs (`cifar`: (method, augmentation) -> runs); untestable
+    when rows need a CIFAR-10 teacher the profile does not give."""
+    CF = recipe["cifar"]
+    if not_run:
+        return CLAIM_TEXTS["3_cifar"], untestable(f"rows not run: {', '.join(sorted(not_run))}; {NO_CIFAR_TEACHER}"), ""
+    names = list(dict.fromkeys(n for n, _ in cifar))
+    c3 = {aug: {n: arms.arm(cifar[n, aug], f"{n} ({aug})") for n in names} for aug in ("strong", "weak")}
+    hits3 = {f"{n} ({aug})": [r["correct"] for r in cifar[n, aug]] for n in names for aug in ("strong", "weak")
+             if all(r.get("correct") for r in cifar[n, aug])}
+    evidence = ("; ".join(f"{a}: " + ", ".join(f"{n} {v.mean:.2f} ({v.n} seed{'s' if v.n > 1 else ''})" for n, v in c3[a].items())
+                          for a in c3)
+                + f"; weak = {describe_regime(recipe, CF['weak'])}, strong = {describe_regime(recipe, CF['strong'])}; "
+                + arms.borrowed([v.name for t in c3.values() for v in t.values() if v.n == 1])
+                + " (for the strong rows a spread measured under weak augmentation and a longer schedule: the closest one measured)")
+    return CLAIM_TEXTS["3_cifar"], claim_cifar_aal_beats_label_distillation(c3, hits3), evidence
+
+def check_link_depth(full: Mapping[int, list], heat: Mapping[str, np.ndarray]) -> tuple[str, Verdict, str]:
+    """Claim 4's text, verdict and evidence: link depth statistics of Figure 2's maps (`heat`: more data first, then
+    the smallest fraction, whose full-link seeds give the spread the other maps borrow)."""
+    link_runs = full[min(full)]
+    k_more, k_less, *k_other = heat
+    def link_arms(stat, what):
+        own = arm([stat(np.array(r["links"])) for r in link_runs], f"{what} {k_less}")
+        sd = dict(zip(("sd_seed", "sd_df"), pooled_sd([own]))) if own.n > 1 else {}
+        return {k: own if k == k_less else arm([stat(m)], f"{what} {k}", **sd) for k, m in heat.items()}
+    rho_a, share_a = link_arms(link_depth_correlation, "Spearman"), link_arms(top_layer_share, "top-third share")
+    init_mean = np.mean(link_runs[0]["links_init"])
+    evidence = ("Spearman(block, weighted mean layer): " + ", ".join(f"{k} {a.mean:+.2f}" for k, a in rho_a.items()) +
+                f" ({k_less}: per seed {', '.join(f'{v:+.2f}' for v in rho_a[k_less].values)}); share of |link| on the top third of "
+                "layers: " + ", ".join(f"{k} {a.mean:.3f}" for k, a in share_a.items()) + "; mean |link| " +
+                ", ".join(f"{k} {m.mean():.3f}" for k, m in heat.items()) + f" vs {init_mean:.3f} at initialisation (1/3 of it on the "
+                f"top third); the heat maps of {k_more}{' and ' + ', '.join(k_other) if k_other else ''} are single runs (or means) "
+                f"borrowing the spread of the {len(link_runs)} {k_less} seed(s)")
+    return CLAIM_TEXTS["4_link_depth"], claim_links_follow_depth(rho_a, share_a[k_more], share_a[k_less]), evidence
+
+def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, list], reach_of: Mapping[str, list],
+                      target: float, full: Mapping[int, list],
+                      base: Mapping[str, Mapping[int, list]]) -> tuple[str, Verdict, str]:
+    """Claim 5's text, verdict and evidence: epochs to reach `target`, per seed, of Figure 3's AAL full-link and DeiT
+    runs; untestable without learning curves (e.g. a dry run)."""
+    SW, C = recipe["sweep"], recipe["claims"]
+    fc, ref_name = SW["curve"]["fraction"], C["convergence_reference"]
+    if not {"AAL full link", "DeiT"} <= set(reach_of):   # e.g. a dry run: one evaluation per run, no curve
+        return (CLAIM_TEXTS["5_convergence"].format(target=f"{target:.2f} % top-1"),
+                untestable("Figure 3's AAL and DeiT runs have fewer than two evaluations: no learning curve"), "")
+    aal_reach = arm(reach_of["AAL full link"], "AAL")
+    deit_reach = arm(reach_of["DeiT"], "DeiT",
+                     **(dict(zip(("sd_seed", "sd_df"), pooled_sd([aal_reach]))) if len(reach_of["DeiT"]) == 1 and aal_reach.n > 1 else {}))
+    horizon = max(r["curve"][-1]["epoch"] for r in curves["DeiT"]) + 1
+    text = CLAIM_TEXTS["5_convergence"].format(
+        target=f"{target:.2f} % top-1 = {C['convergence_fraction']} x {ref_name}'s final, "
+               f"{describe_regime(recipe, SW['fractions'][fc])}")
+    evidence = (f"epochs to reach, evaluated every epoch: AAL (seeds {sweep.seeds(fc, 'aal')}) {', '.join(map(str, reach_of['AAL full link']))}, "
+                f"DeiT (seeds {sweep.seeds(fc, 'deit')}) {', '.join(map(str, reach_of['DeiT']))} (a run that never reaches it counts as "
+                f"{horizon}); final top-1 AAL {mean_of(full[fc]):.2f} %, DeiT {mean_of(base['DeiT'][fc]):.2f} %, {ref_name} "
+                f"{mean_of(base[ref_name][fc]):.2f} %")
+    return text, claim_converges_faster(aal_reach, deit_reach, horizon), evidence
+
+def check_wsol(wsol: Mapping[str, Mapping], whole: Mapping) -> tuple[str, Verdict, str]:
+    """Claim 6's text, verdict and evidence: AAL localises better than DeiT (MaxBoxAcc, one probed run each, no spread
+    borrowed); untestable without DeiT's run."""
+    if "DeiT" not in wsol: return CLAIM_TEXTS["6_wsol"], untestable(NO_WSOL_LABEL_TEACHER), ""
+    def wsol_arms(w, name, n):
+        return dict(iou50=arm([w["iou50"]], f"{name} IoU 0.5", n_test=n), mean=arm([np.mean(list(w.values()))], f"{name} mean", n_test=n))
+    verdict = claim_localises_better(wsol_arms(wsol["AAL"]["wsol"], "AAL", wsol["AAL"]["wsol_n"]),
+                                     wsol_arms(wsol["DeiT"]["wsol"], "DeiT", wsol["DeiT"]["wsol_n"]))
+    evidence = (", ".join(f"{k} {r['wsol']}" for k, r in wsol.items()) + f", whole image {whole} on {wsol['AAL']['wsol_n']} "
+                "boxes; one probed run per model, and a top-1 spread is not a spread of MaxBoxAcc, so none is borrowed")
+    return CLAIM_TEXTS["6_wsol"], verdict, evidence

@@ -30,7 +30,10 @@ __all__ = ['TINY_ARCH', 'encoder_config', 'clean_encoder', 'cls_token_features',
            'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
            'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality',
            'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets', 'quality_kwargs', 'train_teacher_run',
-           'gate_sets', 'gate_run', 'plot_cls_attention']
+           'gate_sets', 'gate_run', 'plot_cls_attention', 'published_checkpoints', 'teacher_names', 'teacher_plan',
+           'random_init_run', 'saved_teacher_matches', 'teacher_summary', 'quality_table', 'manifest_table',
+           'check_beats_random', 'gates_table', 'gate_pilot', 'plot_loss_curves', 'spread_indices',
+           'attention_objects_table']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -719,3 +722,192 @@ def plot_cls_attention(models: Mapping[str, nn.Module], x: torch.Tensor, grid: i
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     return fig
 
+
+# %% ../nbs/11_pretrain.ipynb #91abe796
+import pandas as pd
+
+from .verdicts import Verdict, all_of, arm, difference, greater, pilot_table, reported
+
+def published_checkpoints(recipe: Mapping) -> list[dict]:
+    "The paper profile's hub checkpoints, one row per teacher role, each checked against timm's pretrained registry."
+    import timm
+    available = set(timm.list_models(pretrained=True))
+    rows = []
+    for role, spec in recipe["teachers"].items():
+        hub = spec["hub"]
+        rows.append(dict(role=role, checkpoint=hub, algorithm=spec["algorithm"], data=spec["data"],
+                         in_timm_registry=hub.startswith("timm:") and hub[len("timm:"):] in available,
+                         run_here="no (needs ImageNet-scale data and GPUs)"))
+    return rows
+
+def teacher_names(recipe: Mapping, wanted: Sequence[str], profile: str) -> list[str]:
+    "The teachers to build: `wanted`, or all of the profile's when empty; an unknown name raises."
+    names = list(wanted) or list(recipe["teachers"])
+    unknown = sorted(set(names) - set(recipe.get("teachers", {})))
+    if unknown:
+        raise ValueError(f"unknown teachers {unknown}; the {profile} profile has {sorted(recipe['teachers'])}")
+    return names
+
+def teacher_plan(recipe: Mapping, names: Sequence[str]) -> pd.DataFrame:
+    "One row per teacher to build: algorithm, data, epochs and the expected wall time (minutes) of the profile."
+    T = recipe["teachers"]
+    return pd.DataFrame([{"teacher": n, "algorithm": T[n]["algorithm"], "data": T[n]["data"]["name"],
+                          "epochs": T[n]["train"]["epochs"], "expected_min": T[n].get("expected_wall_min")} for n in names])
+
+def random_init_run(config: Mapping, ckpt_dir=None) -> dict:
+    "The quality of a randomly initialised ViT of `config['arch']` on `config['quality']`'s sets, with its wall time."
+    tr, va = quality_sets(config["quality"], config["arch"]["img_size"])
+    t0 = time.time()
+    q = random_init_quality(config["arch"], tr, va, seed=config["seed"], **quality_kwargs(config["quality"]))
+    return dict(q, wall_time_s=time.time() - t0)
+
+def saved_teacher_matches(teacher_dir, name: str, result: Mapping) -> bool:
+    "Whether the saved teacher's json in `teacher_dir` records the sha256 of the run's `result` (else: redo the run)."
+    j = Path(teacher_dir) / f"{name}.json"
+    return j.is_file() and json.loads(j.read_text()).get("sha256") == result["sha256"]
+
+def teacher_summary(name: str, result: Mapping) -> str:
+    "One line of a teacher run: epochs, minutes, and its k-NN / linear top-1 against random init."
+    q = result["quality"]
+    return (f"{name}: {result['epochs']} epochs, {result['wall_time_s'] / 60:.1f} min; k-NN {q['knn_top1']:.2f} "
+            f"(random {q['random_knn_top1']:.2f}), linear {q['linear_top1']:.2f} (random {q['random_linear_top1']:.2f})")
+
+def quality_table(recipe: Mapping, results: Mapping[str, Mapping]) -> tuple[pd.DataFrame, str]:
+    "The quality table and its caption: each teacher's k-NN and linear top-1 beside a random ViT's (`results` by name)."
+    rows = []
+    for name, r in results.items():
+        spec, q = recipe["teachers"][name], r["quality"]
+        rows.append({"teacher": name, "algorithm": r["algorithm"], "data": spec["data"]["name"],
+                     "images": r["n_images"], "epochs": r["epochs"], "wall time (min)": r["wall_time_s"] / 60,
+                     "k-NN top-1": q["knn_top1"], "linear top-1": q["linear_top1"],
+                     "random k-NN top-1": q["random_knn_top1"], "random linear top-1": q["random_linear_top1"],
+                     "better than random": "yes" if q["better_than_random"] else "no"})
+    quality = pd.DataFrame(rows)
+    if recipe.get("note"): quality.attrs["note"] = recipe["note"]
+    return quality, (f"Teacher quality on {recipe['quality']['data']} val (top-1 %) against a randomly "
+                     "initialised ViT of the same shape; wall time = pre-training incl. monitors, on this machine's CPU.")
+
+def manifest_table(results: Mapping[str, Mapping], profile: str) -> tuple[pd.DataFrame, str]:
+    "The saved teachers (file, sha256 prefix, size, parameters, steps, throughput) and the table's caption."
+    manifest = pd.DataFrame([{"teacher": n, "file": r["weights"], "sha256": r["sha256"][:16],
+                              "size (MB)": r["size_bytes"] / 2**20, "params": r["teacher_params"],
+                              "steps": r["steps"], "images/s": r["images_per_s"],
+                              "saved in": "outputs/teachers/weights" if profile == "mini" else "<runs_dir>/teachers (smoke)"}
+                             for n, r in results.items()])
+    return manifest, ("Saved teachers (fp16 safetensors); the json beside each file holds the full "
+                      "manifest entry (data, recipe, epochs, wall time, loss curve, git commit, sha256, quality).")
+
+def check_beats_random(name: str, q: Mapping, n_quality: int) -> tuple[str, Verdict]:
+    """A teacher's claim and verdict: it beats the random ViT on both k-NN and linear probe; one trained model, so the
+    interval is the test-set noise of `n_quality` val images only."""
+    fixed = lambda v, who: arm(v, who, n_test=n_quality, sd_seed=0.0)
+    return (f"{name} beats a randomly initialised ViT on k-NN and linear probe",
+            all_of([greater(difference(fixed(q[f"{m}_top1"], name), fixed(q[f"random_{m}_top1"], "random init"),
+                                       f"{m}: {name} - random init")) for m in ("knn", "linear")]))
+
+def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapping[tuple, Mapping]) -> tuple:
+    """The gates table, its caption and the fine-tuning gate claims [(id, text, verdict, evidence)]: the SSL teachers'
+    k-NN / linear ratio to random init, and per gate task fine-tune - scratch against the margin over seeds
+    (`gate_runs` by (task, teacher or None, seed))."""
+    G = recipe["gates"]
+    rows, claims = [], []
+    for name, res in results.items():
+        q, algo = res["quality"], recipe["teachers"][name]["algorithm"]
+        for metric in ("knn", "linear"):
+            if algo == "supervised": continue
+            ratio = q[f"{metric}_top1"] / q[f"random_{metric}_top1"]
+            rows.append(dict(teacher=name, gate=f"{metric} top-1 / random init >= {G['ssl_ratio']:g}",
+                             measured=f"{q[f'{metric}_top1']:.2f} / {q[f'random_{metric}_top1']:.2f} = {ratio:.2f}x",
+                             verdict="met" if ratio >= G["ssl_ratio"] else "not met",
+                             shortfall="" if ratio >= G["ssl_ratio"] else f"{G['ssl_ratio'] - ratio:.2f}x short"))
+        for task_name, task in (G.get("tasks") or {}).items():
+            if (task_name, name, G["seeds"][0]) not in gate_runs: continue
+            accs = {t: [gate_runs[(task_name, t, s)]["acc1"] for s in G["seeds"]] for t in (None, name)}
+            n_val = gate_runs[(task_name, None, G["seeds"][0])]["n_val"]
+            v = greater(difference(arm(accs[name], "fine-tune", n_test=n_val), arm(accs[None], "scratch", n_test=n_val)),
+                        margin=G["finetune_margin"])
+            rows.append(dict(teacher=name, gate=f"{task_name}: fine-tune - scratch >= {G['finetune_margin']:g} points",
+                             measured=f"{np.mean(accs[name]):.2f} vs {np.mean(accs[None]):.2f}: {v.statement}",
+                             verdict={"holds": "met", "does not hold": "not met"}.get(v.verdict, v.verdict),
+                             shortfall="" if v.verdict == "holds" else
+                             f"upper bound {v.ci_high:+.2f} vs the {G['finetune_margin']:g}-point margin"))
+            claims.append((f"gate_{task_name}_{name}", f"fine-tuning {name} beats scratch by >= {G['finetune_margin']:g} "
+                           f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}"))
+    gates = pd.DataFrame(rows)
+    why = G.get("why_not_met") or {}   # the measured shortfall's reason, per teacher, written in the profile
+    gates["why (not met)"] = [why.get(r.teacher, "") if r.verdict != "met" else "" for r in gates.itertuples()]
+    caption = ("Teacher gates: measured value and whether the gate is met (fine-tuning gains decided on the "
+               f"95 % interval over seeds {G['seeds']} with test-set noise; 'inconclusive' = the interval spans the margin).")
+    return gates, caption, claims
+
+def gate_pilot(recipe: Mapping, task_name: str, gate_runs: Mapping[tuple, Mapping]) -> tuple[pd.DataFrame, str]:
+    """The pilot of one gate task and its caption: `pilot_table` of its scratch and fine-tuned runs (floor, seed
+    spread, the seeds per arm a third of the fine-tuning gap needs)."""
+    G = recipe["gates"]
+    task = G["tasks"][task_name]
+    tried = [t for t in [None] + task["teachers"] if (task_name, t, G["seeds"][0]) in gate_runs]
+    runs = {("scratch" if t is None else f"fine-tuned {t}"): [dict(gate_runs[(task_name, t, s)], top1=gate_runs[(task_name, t, s)]["acc1"])
+                                                             for s in G["seeds"]] for t in tried}
+    d = task["data"]
+    n_cls = len(get_dataset(d["name"], d["train_split"]).classes)
+    pilot = pilot_table(runs, "scratch", chance=100 / n_cls, floor=G.get("scratch_floor"))
+    sd, df = pilot.attrs["pooled_sd"]
+    caption = (f"Pilot of the attention-transfer student task (the gate runs): {d['name']} "
+               f"({d.get('per_class', 'all')} train images per class, {runs['scratch'][0]['n_val']} test images, "
+               f"{recipe['arch']['img_size']} px), {task['train']['epochs']} epochs, seeds {G['seeds']}; pooled seed sd {sd:.2f} "
+               f"(df {df:.0f}); chance {100 / n_cls:.0f} %. Seeds per arm for a half-width of a third of the measured "
+               "fine-tune - scratch gap (attention_transfer's claims compare copy and distillation against that gap). "
+               "Minutes per run on this machine's CPU (shared with other jobs while the pilot ran).")
+    return pilot, caption
+
+def plot_loss_curves(results: Mapping[str, Mapping]):
+    "Each teacher's pre-training loss: means over `log_every` steps (line) and per-epoch means (dots)."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(results), figsize=(3.2 * len(results), 2.6), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        c = r["loss_curve"]
+        ax.plot(c["step"], c["loss"], lw=1)
+        spe = r["steps"] / max(r["epochs"], 1)
+        ax.plot([spe * (i + 1) for i in range(len(r["epoch_loss"]))], r["epoch_loss"], "o", ms=3)
+        ax.set_title(f"{name}\n({r['algorithm']})", fontsize=8)
+        ax.set_xlabel("step", fontsize=8); ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("loss", fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    return fig
+
+def spread_indices(n_total: int, n: int) -> np.ndarray:
+    "`n` indices evenly spread over a set of `n_total` items (first and last included)."
+    return np.linspace(0, n_total - 1, n).round().astype(int)
+
+def attention_objects_table(recipe: Mapping, models: Mapping[str, nn.Module], va, grid: int) -> tuple[pd.DataFrame, str]:
+    """The attention-objects table and its caption: on boxed val images, the Jaccard of each model's 60 %-mass mask of
+    its last-block CLS attention (head mean) with the box, against a centred Gaussian prior (paired over images)."""
+    from attnrepro.evaluate import attention_mask_jaccard, boxes_to_mask, upsample_maps
+    n_box = min(recipe.get("attention_box_images", 1000), len(va))
+    idx = spread_indices(len(va), n_box)
+    x = torch.stack([va[int(i)][0] for i in idx])
+    img = recipe["arch"]["img_size"]
+    gt = torch.stack([boxes_to_mask(va.boxes[int(i)], img, img) for i in idx])
+    def box_jaccard(grid_maps):   # (N, g, g) CLS attention -> per-image Jaccard of its 60 % mass mask with the box
+        return attention_mask_jaccard(upsample_maps(grid_maps, img), gt, keep_mass=0.6).numpy()
+    yy, xx = torch.meshgrid(torch.arange(grid) - (grid - 1) / 2, torch.arange(grid) - (grid - 1) / 2, indexing="ij")
+    centre = torch.exp(-(xx ** 2 + yy ** 2) / (2 * (grid / 4) ** 2)).expand(n_box, grid, grid)
+    jac = {"centre prior": box_jaccard(centre)}
+    for name, m in models.items():
+        with torch.no_grad():
+            a = torch.cat([attention_maps(m, x[i:i + 250], layers=[-1], cls_only=True)[0].mean(1)[:, 1:]
+                           for i in range(0, n_box, 250)])
+        jac[name] = box_jaccard(a.reshape(-1, grid, grid))
+    rows = []
+    for name, j in jac.items():
+        row = {"model": name, "Jaccard with box (mean)": float(j.mean())}
+        if name != "centre prior":
+            v = greater(difference(arm(j - jac["centre prior"], f"{name} - centre"), reported(0.0, "0"),
+                                   f"Jaccard {name} - centre prior"))
+            row.update({"minus centre prior [95 % CI]": f"{v.effect:+.3f} [{v.ci_low:+.3f}, {v.ci_high:+.3f}]",
+                        "attends to objects more than the centre prior": v.verdict})
+        rows.append(row)
+    caption = (f"CLS attention (last block, head mean, 60 % mass mask) against the ground-truth box on {n_box} boxed "
+               f"{recipe['quality']['data']} val images: mean Jaccard and the paired difference to a centred Gaussian prior "
+               "(t interval over images; 'holds' = the teacher's masks overlap objects more).")
+    return pd.DataFrame(rows).fillna(""), caption

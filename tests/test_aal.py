@@ -571,3 +571,47 @@ def test_link_figures_draw_from_run_results():
     assert labels == ["AAL (2 seeds)", "target 2.5 %"]
     fig = plot_attention_examples([torch.zeros(3, 8, 8)] * 2, [("(c) AAL", [np.ones((4, 4))] * 2)], "A")
     assert len(fig.axes) == 4 and fig.axes[0].get_ylabel() == "(a) image"
+
+
+def _fake_runs(top1s, top5=50.0, n_val=100, correct=None):
+    "Result-shaped dicts of one row of runs (one per seed)."
+    return [dict(top1=t, top5=top5, n_val=n_val, n_train=250, epochs=2, correct=correct) for t in top1s]
+
+
+def test_table_functions_assemble_ours_beside_the_paper():
+    "Table 2, its gaps and Table 3 from fake run dicts: our means land in the `(ours, <profile>)` columns."
+    from attnrepro.aal import SelectiveLinks, table_2, table_2_gaps, table_3
+    P = load_profile("aal", "smoke")
+    fr = sorted(int(f) for f in P["sweep"]["fractions"])
+    sel = {f: _fake_runs([40.0, 42.0]) for f in fr}
+    base = {"DeiT": {f: _fake_runs([30.0]) for f in fr}, "CE": {f: _fake_runs([20.0, 22.0, 24.0]) for f in fr}}
+    t2, cap = table_2(P, sel, base, "smoke")
+    ours = t2.dropna(subset=["top1 (ours, smoke)"]).set_index(["fraction", "method"])
+    assert ours.loc[(fr[0], "AAL"), "top1 (ours, smoke)"] == 41.0 and ours.loc[(fr[0], "AAL"), "seeds (ours, smoke)"] == 2
+    assert ours.loc[(fr[-1], "DeiT-S"), "top1 (ours, smoke)"] == 30.0 and "ConViT is not in this profile's sweep" in cap
+    g, _ = table_2_gaps(sel, base, "smoke")
+    g = g.dropna(subset=["gap_vs_deit_s (ours, smoke)"]).set_index(["fraction", "metric"])
+    assert g.loc[(fr[0], "top1"), "gap_vs_deit_s (ours, smoke)"] == pytest.approx(100 * (41 - 30) / 30)
+    mask = np.ones((3, 2), dtype=bool)
+    full = {f: [dict(_fake_runs([35.0])[0], selected=mask.tolist(), pair_scores=np.full((3, 2), 0.5).tolist())] for f in fr}
+    links = SelectiveLinks.of(full)
+    assert links.f0 == fr[0] and links.mask(fr[-1]) is links.beta and links.min_score == 0.5
+    t3, cap3 = table_3(P, full, sel, links, "smoke")
+    row = t3.dropna(subset=["top1 (ours, smoke)"]).set_index(["fraction", "link"]).loc[(fr[0], "selective")]
+    assert row["gap_top1 (ours, smoke)"] == pytest.approx(100 * (41 - 35) / 35)
+    assert "Algorithm 1 kept every pair" in cap3   # every mask full: the selective run IS the full-link run
+
+
+def test_sweep_arms_borrow_the_pooled_sd_and_claim1_evidence():
+    "One-seed rows borrow the pooled seed sd of the multi-seed rows; claim 1's evidence names them and the gaps."
+    from attnrepro.aal import SweepArms, check_low_data
+    from attnrepro.verdicts import pooled_sd
+    fr = [5, 10, 50]
+    sel = {f: _fake_runs([40.0, 41.0, 42.0], n_val=10_000) for f in fr}
+    base = {"DeiT": {f: _fake_runs([t], n_val=10_000) for f, t in zip(fr, (29.0, 33.0, 40.0))}}   # the gap shrinks
+    arms = SweepArms({"AAL": sel, **base})
+    assert arms.n_multi == 3 and arms.one_seed_rows() == ["DeiT 5 %", "DeiT 10 %", "DeiT 50 %"]
+    assert arms.by_method["DeiT"][5].sd_seed == pytest.approx(pooled_sd([arms.by_method["AAL"][5]])[0])
+    text, verdict, evidence = check_low_data(arms, base)
+    assert "5%: +12.00, 10%: +8.00" in evidence and "DeiT 5 %" in evidence and "ConViT baseline is not in this profile" in evidence
+    assert "5, 10" in text and verdict.verdict == "holds"

@@ -302,3 +302,34 @@ def test_teachers_cls_attention_figure():
     fig = plot_cls_attention({"random_init": m}, torch.randn(3, 3, 16, 16), 4)
     assert len(fig.axes) == 2 * 3 and fig.axes[3].get_ylabel() == "random\ninit"
     assert fig.axes[3].images[0].get_array().shape == (4, 4)
+
+
+def _fake_teacher_result(knn, linear, algorithm="mae", sha="ab" * 32):
+    "A result-shaped dict of one teacher run (what `train_teacher_run` returns, the fields the tables read)."
+    return dict(algorithm=algorithm, n_images=100, epochs=2, wall_time_s=120.0, steps=10, images_per_s=50.0,
+                weights="t.safetensors", sha256=sha, size_bytes=2**20, teacher_params=1000,
+                quality=dict(knn_top1=knn, linear_top1=linear, random_knn_top1=5.0, random_linear_top1=4.0,
+                             better_than_random=knn > 5.0 and linear > 4.0))
+
+
+def test_teachers_tables_and_gates_from_results():
+    "Quality, manifest and gates tables from fake results: the columns and verdicts the teachers notebook reports."
+    from attnrepro.pretrain import check_beats_random, gates_table, manifest_table, quality_table, teacher_names
+    from attnrepro.report import load_profile
+    P = load_profile("teachers", "smoke")
+    t, t2 = list(P["teachers"])[:2]
+    results = {t: _fake_teacher_result(20.0, 16.0), t2: _fake_teacher_result(6.0, 4.5)}
+    q, cap = quality_table(P, results)
+    assert list(q["teacher"]) == [t, t2] and list(q["better than random"]) == ["yes", "yes"]
+    assert q["wall time (min)"].tolist() == [2.0, 2.0] and P["quality"]["data"] in cap
+    m, _ = manifest_table(results, "smoke")
+    assert m["sha256"].tolist() == ["ab" * 8] * 2 and m["size (MB)"].tolist() == [1.0, 1.0]
+    text, v = check_beats_random(t, results[t]["quality"], n_quality=10_000)
+    assert t in text and v.verdict == "holds"
+    gates, _, claims = gates_table(P, results, {})   # no gate runs: only the SSL ratio gates, no claims
+    ratio = P["gates"]["ssl_ratio"]
+    assert claims == [] and gates["verdict"].tolist() == ["met" if 20 / 5 >= ratio else "not met",
+                                                          "met" if 16 / 4 >= ratio else "not met", "not met", "not met"]
+    assert teacher_names(P, [], "smoke") == list(P["teachers"])
+    with pytest.raises(ValueError, match="unknown teachers"):
+        teacher_names(P, ["nope"], "smoke")
