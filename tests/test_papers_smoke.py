@@ -30,3 +30,11 @@ def test_smoke_run(paper):
     missing = [f for o in expected for f in files.get(o, [f"{o}.csv", f"{o}.md"] if o.startswith("table_") else [f"{o}.png"])
                if not (out / f).is_file()]
     assert not missing, f"{paper} at smoke did not produce {missing} (listed in papers/{paper}/paper.yaml)"
+
+
+def test_teachers_paper_profile_lists_the_hub_checkpoints():
+    "At `paper` the teachers notebook trains nothing: it lists the papers' hub checkpoints, each one timm knows."
+    import pandas as pd
+    run_paper("teachers", "paper")
+    t = pd.read_csv(output_dir("teachers", "paper") / "table_published.csv")
+    assert len(t) >= 5 and t["in_timm_registry"].all() and t["checkpoint"].str.startswith("timm:").all()
