@@ -218,7 +218,7 @@ def teacher_targets(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int], 
     return dict(cls=tok[:, 0].float(), patches=tok[:, 1:].float(), maps=cap.maps, v=cap.v if with_v else None)
 
 # %% ../nbs/16_attndistill.ipynb #4b2ea1c5
-def attndistill_method(teacher: nn.Module, student: nn.Module, proj_layers: int = 4, feature_weight: float = 1.0,
+def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int = 4, feature_weight: float = 1.0,
                        attn_weight: float = 0.1, T: float = 10.0, aggregate: str | None = "auto",
                        interpolate: bool = True, attn_layers: str = "last", attn_loss: str = "kl",
                        value_weight: bool = False, patch_align_weight: float = 0.0, compress_weight: float = 0.0,
@@ -435,7 +435,7 @@ def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = Fal
     teacher = run_teacher(config["teacher"], img, recipe.get("teacher_arch"))
     torch.manual_seed(config["seed"])
     student = create_student("vit", img_size=img, num_classes=0, **config["student"])
-    method = attndistill_method(teacher, student, compress_queue=recipe["compress_queue"], **config["method"])
+    method = attndistill_method(student, teacher, compress_queue=recipe["compress_queue"], **config["method"])
     cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": config["seed"]})
     res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
     t0 = time.time()

@@ -359,7 +359,7 @@ for _kind, _summary in (("l2sp", "L2-SP: weights pulled towards their pre-traine
 def _attndistill(student, teacher, proj_layers=4, feature_weight=1.0, attn_weight=0.1, T=10.0, aggregate="auto",
                  interpolate=True, attn_layers="last", attn_loss="kl", value_weight=False, patch_align_weight=0.0,
                  compress_weight=0.0, compress_queue=4096):
-    return student, attndistill_method(teacher, student, proj_layers, feature_weight, attn_weight, T, aggregate,
+    return student, attndistill_method(student, teacher, proj_layers, feature_weight, attn_weight, T, aggregate,
                                        interpolate, attn_layers, attn_loss, value_weight, patch_align_weight,
                                        compress_weight, compress_queue)
 

@@ -203,7 +203,7 @@ def test_layer_pairs():
 
 def test_method_terms_equal_independent_computation():
     teacher, student = vit(32, 2, 4, 8), vit(16, 2, 2, 16, seed=1)
-    m = attndistill_method(teacher, student)
+    m = attndistill_method(student, teacher)
     assert [t.name for t in m.terms] == ["feat", "attn"] and m.terms[1].weight == 0.1
     x = data().tensors[0][:4]
     ctx = StepContext(x=x, model=student, train_model=student, modules=m.extra_modules, device=torch.device("cpu"))
@@ -231,7 +231,7 @@ def test_teacher_targets_value_capture():
                                   dict(patch_align_weight=1.0, proj_layers=1)])
 def test_method_trains_one_epoch(opts):
     teacher, student = vit(32, 2, 4, 8), vit(16, 3, 2, 16, seed=1)
-    m = attndistill_method(teacher, student, **opts)
+    m = attndistill_method(student, teacher, **opts)
     t_before = {k: v.clone() for k, v in teacher.state_dict().items()}
     w0 = student.blocks[0].attn.qkv.weight.detach().clone()
     res = fit(student, data(), None, TrainConfig(epochs=1, batch_size=4, lr=1e-3, warmup_epochs=0), method=m,
@@ -246,13 +246,13 @@ def test_method_trains_one_epoch(opts):
 def test_method_argument_errors():
     teacher = vit(32, 2, 4, 8)
     with pytest.raises(ValueError, match="choose aggregate"):
-        attndistill_method(teacher, vit(16, 2, 2, 8), aggregate=None)
+        attndistill_method(vit(16, 2, 2, 8), teacher, aggregate=None)
     with pytest.raises(ValueError, match="interpolate=True"):
-        attndistill_method(teacher, vit(16, 2, 4, 16), interpolate=False)
+        attndistill_method(vit(16, 2, 4, 16), teacher, interpolate=False)
     with pytest.raises(ValueError, match="every weight is 0"):
-        attndistill_method(teacher, vit(16, 2, 4, 8), feature_weight=0.0, attn_weight=0.0)
+        attndistill_method(vit(16, 2, 4, 8), teacher, feature_weight=0.0, attn_weight=0.0)
     with pytest.raises(TypeError, match="VisionTransformer"):
-        attndistill_method(teacher, torch.nn.Linear(2, 2))
+        attndistill_method(torch.nn.Linear(2, 2), teacher)
 
 
 def test_projector_layer_features():
