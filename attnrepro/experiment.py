@@ -18,14 +18,14 @@ from .evaluate import knn_accuracy
 from .methods import create_method, method_info
 from .models import STUDENT_ARCHS, create_student
 from .pretrain import cls_features, get_teacher
-from .train import TrainConfig, fit
+from .train import TrainConfig, _peak_mb, _proc_kb, _reset_peak, _resolve_device, fit
 
 # %% auto #0
-__all__ = ['RUN_FIELDS', 'EXTRAS', 'register_extra', 'Experiment', 'experiment_data', 'run_experiment']
+__all__ = ['RUN_FIELDS', 'EXTRAS', 'CLS_ATTENTION_IMAGES', 'register_extra', 'Experiment', 'experiment_data', 'run_experiment']
 
 # %% ../nbs/19_experiment.ipynb #d803dd0b
 RUN_FIELDS = ("top1", "top5", "n_train", "n_val", "num_classes", "epochs", "steps", "wall_time_s", "images_per_s",
-              "losses", "curve", "params", "params_extra", "extras", "device", "correct")
+              "losses", "curve", "params", "params_extra", "peak_mem_mb", "extras", "device", "correct")
 
 EXTRAS: dict[str, Callable] = {}
 
@@ -45,9 +45,46 @@ def _knn_extra(model, train_eval, val_eval, exp) -> dict:
     fva, yva = cls_features(enc, val_eval)
     return {"knn20_top1": knn_accuracy(ftr, ytr, fva, yva, k=20, T=0.07, num_classes=len(train_eval.classes))["top1"]}
 
+CLS_ATTENTION_IMAGES = 4
+
+def _spread_images(ds, n: int) -> list[int]:
+    "Indices of `n` images of `ds`: the first of each of `n` classes spread over its classes (else the first `n`)."
+    targets = getattr(ds, "targets", None)
+    if targets is None or len(targets) != len(ds): return list(range(min(n, len(ds))))
+    targets = [int(t) for t in targets]
+    present = sorted(set(targets))
+    want = [present[round(k * len(present) / n)] for k in range(n)] if len(present) >= n else present
+    first = {}
+    for i, t in enumerate(targets): first.setdefault(t, i)
+    return [first[c] for c in dict.fromkeys(want)]
+
+@register_extra("cls_attention")
+def _cls_attention_extra(model, train_eval, val_eval, exp) -> dict:
+    """The last block's CLS-query attention over the patch grid, averaged over heads, on `CLS_ATTENTION_IMAGES` val
+    images (the same for every run: the first image of classes spread evenly over the class list, or the first images
+    where the set has no `targets`): {'images': indices, 'maps': (n, h, w) lists}.
+    Attention Copy's student runs on the teacher's maps, so a CopyModel that copies the last block shows the teacher's."""
+    from attnrepro.attention import attention_blocks, attention_maps
+    enc = getattr(model, "student", model)
+    last = len(attention_blocks(enc)) - 1
+    if hasattr(model, "teacher") and last in getattr(model, "layers", ()): enc = model.teacher
+    idx = _spread_images(val_eval, CLS_ATTENTION_IMAGES)
+    x = torch.stack([val_eval[i][0] for i in idx])
+    was = enc.training
+    enc.eval()
+    with torch.no_grad(): m = attention_maps(enc, x, layers=[last])[0][:, :, 0]   # (B, H, N): the CLS query's row
+    enc.train(was)
+    a = m[..., getattr(enc, "num_prefix_tokens", 1):].mean(1)
+    g = int(round(a.shape[-1] ** 0.5))
+    return {"images": idx, "maps": a.reshape(len(idx), g, -1).cpu().tolist()}
+
 # %% ../nbs/19_experiment.ipynb #8101bc58
 def _bad(field_: str, value, fix: str):
     raise ValueError(f"Experiment.{field_}={value!r}: {fix}")
+
+def _per_part(info, teacher) -> bool:
+    "Whether `teacher` is a composition's {part: teacher spec} dict (not tiny_teacher kwargs)."
+    return bool(info.parts) and isinstance(teacher, dict) and bool(teacher) and set(teacher) <= set(info.parts)
 
 @dataclass(frozen=True)
 class Experiment:
@@ -55,7 +92,8 @@ class Experiment:
     dataset: str                          # a registered dataset (attnrepro.data.DATASETS)
     student: dict                         # create_student kwargs (arch, img_size, patch_size, embed_dim, depth, num_heads)
     method: str = "ce"                    # a registered method (attnrepro.methods.list_methods())
-    teacher: str | dict | None = None     # a teacher name (load_teacher) or tiny_teacher kwargs (smoke)
+    teacher: str | dict | None = None     # a teacher name (load_teacher) or tiny_teacher kwargs (smoke); a composition
+                                          # may give {part: teacher} (e.g. {'attn_distill': ViT, 'kd': CNN})
     options: dict = field(default_factory=dict)   # the method's options (method_info(method).options)
     train: dict = field(default_factory=dict)     # TrainConfig kwargs (seed comes from `seed`)
     augment: str = "weak"                 # attnrepro.data.AUGMENT_PRESETS
@@ -73,6 +111,11 @@ class Experiment:
         info = method_info(self.method)   # raises with the closest names
         bad = sorted(set(self.options) - set(info.options))
         if bad: _bad("options", self.options, f"{self.method!r} has no option(s) {bad}; valid: {info.options}")
+        if _per_part(info, self.teacher):
+            need = [p for p in info.parts if method_info(p).teacher]
+            if sorted(self.teacher) != sorted(need):
+                _bad("teacher", self.teacher, f"a per-part teacher dict of {self.method!r} names exactly the parts that "
+                     f"need one, {need}")
         if bool(info.teacher) != (self.teacher is not None):
             _bad("teacher", self.teacher, f"method {self.method!r} " + (f"needs a {info.teacher} teacher" if info.teacher
                                                                           else "takes no teacher"))
@@ -111,6 +154,13 @@ class Experiment:
         return cls(**d)
 
 # %% ../nbs/19_experiment.ipynb #4c5b2505
+def _release_freed() -> None:
+    "Hand memory freed by earlier runs of this process back to the OS (glibc `malloc_trim`), so RSS counts live memory."
+    import ctypes, ctypes.util, gc
+    gc.collect()
+    try: ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError): pass
+
 def experiment_data(exp: Experiment):
     "(training subset with augmentation, the same images without augmentation, val set) of `exp`."
     img = exp.student["img_size"]
@@ -133,11 +183,17 @@ def run_experiment(exp: Experiment, ckpt_dir=None, progress: bool = False, devic
     n_cls = len(tr.classes)
     seed_everything(exp.seed)
     student = create_student(**{"arch": "vit", **exp.student}, num_classes=n_cls if info.head else 0)
-    teacher = get_teacher(exp.teacher) if exp.teacher is not None else None
+    teacher = (None if exp.teacher is None else {p: get_teacher(s) for p, s in exp.teacher.items()}
+               if _per_part(info, exp.teacher) else get_teacher(exp.teacher))
     model, method = create_method(exp.method, student, teacher, **exp.options)
     cfg = TrainConfig(**{**exp.train, **AUGMENT_PRESETS[exp.augment], **method.train_overrides, "seed": exp.seed})
+    dev = _resolve_device(device)
+    if dev.type == "cpu": _release_freed()   # so that the resident set before training is what is alive now
+    rss0 = (_proc_kb("VmRSS") or 0.0) / 1024 if dev.type == "cpu" else 0.0
+    _reset_peak(dev)
     res = fit(model, tr, va if info.head else None, cfg, method=method, ckpt_dir=ckpt_dir, progress=progress, device=device,
               record_correct=exp.record_correct)
+    peak = max(0.0, _peak_mb(dev) - rss0)
     last = res["history"][-1]
     train_s = sum(h.get("epoch_time_s", 0.0) for h in res["history"])
     out = dict(top1=res["final"].get("acc1") if info.head else None, top5=res["final"].get("acc5") if info.head else None,
@@ -145,7 +201,7 @@ def run_experiment(exp: Experiment, ckpt_dir=None, progress: bool = False, devic
                wall_time_s=res["wall_time_s"], images_per_s=len(tr) * res["epochs"] / train_s if train_s > 0 else None,
                losses={k[len("loss_"):]: v for k, v in last.items() if k.startswith("loss_")},
                curve=[dict(epoch=h["epoch"] + 1, top1=h["val_acc1"]) for h in res["history"] if "val_acc1" in h],
-               params=res["n_params"], params_extra=res["n_params_extra"],
+               params=res["n_params"], params_extra=res["n_params_extra"], peak_mem_mb=round(peak, 1),
                extras={name: EXTRAS[name](model, tr_eval, va, exp) for name in exp.extras},
                device=str(next(model.parameters()).device), correct=res["final"].get("correct"))
     assert tuple(out) == RUN_FIELDS

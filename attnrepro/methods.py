@@ -15,7 +15,7 @@ from .aal import aal_method, distill_method, kd_method, pit_aal_method
 from .attndistill import attndistill_method
 from .bootstrapping import AgentCNN, bootstrap_method, sam_method, sparse_attention_
 from .gta import DEFAULT_COEF, transfer_method
-from .train import ComposedMethod, Method
+from .train import ComposedMethod, LossTerm, Method, ce_loss
 from .transfer import CopyModel, Distill, TeacherDistillMethod
 
 # %% auto #0
@@ -290,9 +290,10 @@ register_method("feature_distill", paper="attention_transfer", teacher="vit", we
 @register_method("aal", paper="aal", teacher="cnn", lam=2000.0, gamma=0.99, gamma_last_third=0.98, epochs=300,
                  summary="Adaptive Attention Link: CE + lambda * MSE between linked CLS maps and the CNN's channel maps")
 def _aal(student, teacher, teacher_blocks=None, lam=2000.0, gamma=0.99, gamma_last_third=0.98, epochs=300, links="full",
-         teacher_mean=None, teacher_std=None, ce_weight=1.0):
+         teacher_mean=None, teacher_std=None, ce_weight=1.0, teacher_size=None):
     return student, aal_method(student, teacher, teacher_blocks, lam, gamma, gamma_last_third, epochs, links,
-                               teacher_mean=teacher_mean, teacher_std=teacher_std, ce_weight=ce_weight)
+                               teacher_mean=teacher_mean, teacher_std=teacher_std, ce_weight=ce_weight,
+                               teacher_size=teacher_size)
 
 @register_method("pit_aal", paper="aal", teacher="cnn", student="pit", lam=2000.0, epochs=300,
                  summary="AAL on a PiT student: every stage's CLS maps on the first-stage grid (Table 6)")
@@ -302,9 +303,11 @@ def _pit_aal(student, teacher, teacher_blocks=None, lam=2000.0, gamma=0.99, gamm
                                    teacher_mean=teacher_mean, teacher_std=teacher_std, ce_weight=ce_weight)
 
 def _deit(kind):
-    def factory(student, teacher, ce_weight=0.5, dist_weight=0.5, T=3.0, teacher_mean=None, teacher_std=None):
+    def factory(student, teacher, ce_weight=0.5, dist_weight=0.5, T=3.0, teacher_mean=None, teacher_std=None,
+                teacher_size=None):
         student.set_distilled_training(True)
-        return student, distill_method(teacher, kind, teacher_mean, teacher_std, ce_weight, dist_weight, T)
+        return student, distill_method(teacher, kind, teacher_mean, teacher_std, ce_weight, dist_weight, T,
+                                       teacher_size=teacher_size)
     return factory
 
 register_method("deit_hard", paper="aal", teacher="cnn", student="deit", teacher_classifies=True, ce_weight=0.5,
@@ -362,6 +365,22 @@ def _attndistill(student, teacher, proj_layers=4, feature_weight=1.0, attn_weigh
     return student, attndistill_method(student, teacher, proj_layers, feature_weight, attn_weight, T, aggregate,
                                        interpolate, attn_layers, attn_loss, value_weight, patch_align_weight,
                                        compress_weight, compress_queue)
+
+@register_method("attndistill_kl", paper="attndistill", teacher="vit", attn_weight=0.1, T=10.0,
+                 summary="AttnDistill's CLS-attention KL (last block, head aggregation, T) as an auxiliary term of a "
+                         "supervised student: CE + lambda * KL")
+def _attndistill_kl(student, teacher, attn_weight=0.1, T=10.0, aggregate="auto", interpolate=True, attn_layers="last",
+                    ce_weight=1.0):
+    "`attndistill_method` with its feature term off and the student's own CE added (its projector is built, never trained)."
+    m = attndistill_method(student, teacher, feature_weight=0.0, attn_weight=attn_weight, T=T, aggregate=aggregate,
+                           interpolate=interpolate, attn_layers=attn_layers,
+                           extra_terms=[LossTerm("ce", ce_loss, ce_weight)], name="attndistill_kl")
+    forward = m.forward
+    def forward_with_logits(ctx):
+        forward(ctx)
+        ctx.logits = ctx.out               # a supervised student: its output is the class logits
+    m.forward = forward_with_logits
+    return student, m
 
 # %% ../nbs/18_methods.ipynb #cb7a4739
 def _bootstrap(shared, w, w_hint):

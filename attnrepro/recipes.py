@@ -14,7 +14,7 @@ import yaml
 # %% auto #0
 __all__ = ['RECIPE_SCHEMAS', 'TRAIN_EXTRAS', 'RecipeError', 'recipe_schema', 'Replace', 'read_profiles', 'deep_merge',
            'resolve_profile', 'validate_recipe', 'AALRecipe', 'AttentionTransferRecipe', 'AttnDistillRecipe',
-           'BootstrappingRecipe', 'GTARecipe', 'TeachersRecipe']
+           'BootstrappingRecipe', 'GTARecipe', 'HeadToHeadRecipe', 'TeachersRecipe']
 
 # %% ../nbs/22_recipes.ipynb #8573cac7
 class RecipeError(ValueError):
@@ -261,6 +261,20 @@ class GTARecipe:
     heldout: float | None = None
     pilot: dict | None = None
     table6_seeds: list | None = None
+
+@recipe_schema("head_to_head")
+@dataclass
+class HeadToHeadRecipe:
+    "Top-level keys of papers/head_to_head/profiles.yaml (each explained in its header)."
+    note: str
+    data: dict
+    student: dict
+    recipe: dict
+    teachers: dict
+    rows: list
+    fractions: dict
+    seeds: list
+    progress: bool | None = None
 
 @recipe_schema("teachers")
 @dataclass

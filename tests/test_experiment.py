@@ -12,7 +12,7 @@ COMMON = dict(dataset="cifar10-sample", student=dict(arch="vit", **SHAPE), per_c
 
 
 def strip(r):
-    return {k: v for k, v in r.items() if k not in ("wall_time_s", "images_per_s")}
+    return {k: v for k, v in r.items() if k not in ("wall_time_s", "images_per_s", "peak_mem_mb")}
 
 
 def test_schema_and_determinism(tmp_path):
