@@ -824,15 +824,17 @@ def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapp
             if (task_name, name, G["seeds"][0]) not in gate_runs: continue
             accs = {t: [gate_runs[(task_name, t, s)]["acc1"] for s in G["seeds"]] for t in (None, name)}
             n_val = gate_runs[(task_name, None, G["seeds"][0])]["n_val"]
-            v = greater(difference(arm(accs[name], "fine-tune", n_test=n_val), arm(accs[None], "scratch", n_test=n_val)),
-                        margin=G["finetune_margin"])
+            gain = difference(arm(accs[name], "fine-tune", n_test=n_val), arm(accs[None], "scratch", n_test=n_val))
+            v = greater(gain, margin=G["finetune_margin"])
+            # a gain below the margin may still be a gain: say whether it is one at all
+            at_all = "" if v.holds else f"; whether it helps at all (gain > 0): {greater(gain).verdict}"
             rows.append(dict(teacher=name, gate=f"{task_name}: fine-tune - scratch >= {G['finetune_margin']:g} points",
                              measured=f"{np.mean(accs[name]):.2f} vs {np.mean(accs[None]):.2f}: {v.statement}",
                              verdict={"holds": "met", "does not hold": "not met"}.get(v.verdict, v.verdict),
                              shortfall="" if v.verdict == "holds" else
                              f"upper bound {v.ci_high:+.2f} vs the {G['finetune_margin']:g}-point margin"))
             claims.append((f"gate_{task_name}_{name}", f"fine-tuning {name} beats scratch by >= {G['finetune_margin']:g} "
-                           f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}"))
+                           f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}{at_all}"))
     gates = pd.DataFrame(rows)
     why = G.get("why_not_met") or {}   # the measured shortfall's reason, per teacher, written in the profile
     gates["why (not met)"] = [why.get(r.teacher, "") if r.verdict != "met" else "" for r in gates.itertuples()]

@@ -330,6 +330,14 @@ def test_teachers_tables_and_gates_from_results():
     ratio = P["gates"]["ssl_ratio"]
     assert claims == [] and gates["verdict"].tolist() == ["met" if 20 / 5 >= ratio else "not met",
                                                           "met" if 16 / 4 >= ratio else "not met", "not met", "not met"]
+    # a gate task: fine-tuning gains about 2 points on 10k images, below a 5-point margin, yet clearly a gain
+    G = dict(P["gates"], finetune_margin=5.0, seeds=[0, 1, 2], tasks={"cifar": {"teachers": [t]}})
+    runs = {("cifar", who, s): dict(acc1=a + d, n_val=10_000) for s, d in enumerate((0.0, 0.3, -0.2))
+            for who, a in ((None, 45.0), (t, 47.0))}
+    _, _, claims = gates_table(dict(P, gates=G), {t: results[t]}, runs)
+    (cid, _, v, evidence), = claims
+    assert cid == f"gate_cifar_{t}" and v.verdict == "does not hold"
+    assert evidence.endswith("whether it helps at all (gain > 0): holds")
     assert teacher_names(P, [], "smoke") == list(P["teachers"])
     with pytest.raises(ValueError, match="unknown teachers"):
         teacher_names(P, ["nope"], "smoke")
