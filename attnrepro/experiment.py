@@ -64,19 +64,16 @@ def _cls_attention_extra(model, train_eval, val_eval, exp) -> dict:
     images (the same for every run: the first image of classes spread evenly over the class list, or the first images
     where the set has no `targets`): {'images': indices, 'maps': (n, h, w) lists}.
     Attention Copy's student runs on the teacher's maps, so a CopyModel that copies the last block shows the teacher's."""
-    from attnrepro.attention import attention_blocks, attention_maps
+    from attnrepro.attention import attention_blocks
+    from attnrepro.gta import cls_attention
     enc = getattr(model, "student", model)
     last = len(attention_blocks(enc)) - 1
     if hasattr(model, "teacher") and last in getattr(model, "layers", ()): enc = model.teacher
     idx = _spread_images(val_eval, CLS_ATTENTION_IMAGES)
     x = torch.stack([val_eval[i][0] for i in idx])
-    was = enc.training
-    enc.eval()
-    with torch.no_grad(): m = attention_maps(enc, x, layers=[last])[0][:, :, 0]   # (B, H, N): the CLS query's row
-    enc.train(was)
-    a = m[..., getattr(enc, "num_prefix_tokens", 1):].mean(1)
-    g = int(round(a.shape[-1] ** 0.5))
-    return {"images": idx, "maps": a.reshape(len(idx), g, -1).cpu().tolist()}
+    # GTA's map (patch keys renormalised); it moves the images to the model's device (fit leaves it on the GPU)
+    with torch.no_grad(): a = cls_attention(enc, x, layer=last, head_reduce="mean")
+    return {"images": idx, "maps": a.cpu().tolist()}
 
 # %% ../nbs/19_experiment.ipynb #8101bc58
 def _bad(field_: str, value, fix: str):
