@@ -16,7 +16,7 @@ from .verdicts import (Arm, Verdict, all_of, arm, contrast, difference, greater,
 # %% auto #0
 __all__ = ['GROUPS', 'CLAIMS', 'COMPOSITION_PARTS', 'COLORS', 'experiment', 'run_fn', 'grid', 'collect', 'table_rows', 'row_arm',
            'step_s', 'table_main', 'best_of_groups', 'table_fractions', 'claim_group_beats_scratch',
-           'claim_group_beats_group', 'claim_gain_shrinks', 'claim_composition', 'claims', 'plot_cost',
+           'claim_group_beats_group', 'claim_gain_shrinks', 'claim_composition', 'claims', 'reading', 'plot_cost',
            'plot_fractions', 'plot_attention']
 
 # %% ../nbs/23_head_to_head.ipynb #f7d76c3d
@@ -111,7 +111,9 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
                         "training throughput of each run (evaluation excluded), mean over seeds, over scratch's. Peak "
                         "memory: `run_experiment`'s peak_mem_mb (CUDA max allocated; CPU: peak resident set during "
                         "training over the one before it), over scratch's. Params at inference count Attention Copy's "
-                        "teacher (it runs at test time). Localisation needs boxes; this task has none.")
+                        "teacher (it runs at test time). Localisation needs boxes; this task has none. Trained on "
+                        + ", ".join(sorted({str(r.get("device")) for rs in R.values() for r in rs}))
+                        + ": time and memory ratios compare runs of one device.")
     return df
 
 def best_of_groups(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> dict[str, str]:
@@ -146,8 +148,8 @@ CLAIMS = {
                                    "than at the largest"),
     "composition": "the composition beats each of its parts run alone",
 }
-COMPOSITION_PARTS = {"fine-tune + GTA + attn. distill": ("fine-tune + GTA", "Attention Distillation"),
-                     "AAL + DeiT hard": ("AAL", "DeiT hard"), "attn. distill + KD": ("Attention Distillation", "soft KD")}
+COMPOSITION_PARTS = {"fine-tune + GTA + attn. distill": ("fine-tune + GTA", "Attention Distillation (all blocks)"),
+                     "AAL + DeiT hard": ("AAL", "DeiT hard"), "attn. distill + KD": ("Attention Distillation (all blocks)", "soft KD")}
 
 def _greater(R, a: str, b: str, margin: float = 0.0) -> Verdict:
     "Claim `a` beats `b` by more than `margin` points, paired per test image (untestable with one seed)."
@@ -195,6 +197,47 @@ def claims(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]
             out.append((f"composition_{i + 1}", f"{CLAIMS['composition']}: {name} vs {' and '.join(parts)}",
                         claim_composition(R, name, parts)))
     return out
+
+# %% ../nbs/23_head_to_head.ipynb #ad4d5434
+def _gain_text(Rx: Mapping[str, list], name: str, scratch: str) -> str:
+    a, s = row_arm(Rx[name], name), row_arm(Rx[scratch], scratch)
+    est = _estimate([(1.0, a), (-1.0, s)], f"{name} - {scratch}")
+    return f"{name} {a.mean:.1f} % ({a.mean - s.mean:+.1f}" + (f" {_ci(est)}" if est else ", one seed") + ")"
+
+def reading(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]], best: Mapping[str, str],
+            verdicts, devices=(), scratch: str = "scratch") -> str:
+    """The results in one paragraph: each group's best row with its gain over scratch [95 % CI], the winner at each
+    data size, the rows whose interval lies below scratch, the winner's cost, and the claims' verdict counts.
+    `verdicts`: `claims()`'s (id, text, Verdict) list; `devices`: where the runs trained (named in the text)."""
+    mean = lambda rs: float(np.mean([r["top1"] for r in rs]))
+    ranked = sorted(best.values(), key=lambda n: -mean(R[n]))
+    by_group = {n: g for g, n in best.items()}
+    out = [f"On {P['data']['label']} ({len(P['seeds'])} seeds per row, every row the same "
+           f"{P['recipe']['train']['epochs']}-epoch recipe), scratch reaches {mean(R[scratch]):.1f} %. Best row of each "
+           "group, top-1 (gain over scratch [95 % CI]): "
+           + "; ".join(f"{GROUPS[by_group[n]]}: {_gain_text(R, n, scratch)}" for n in ranked) + "."]
+    sizes = sorted(F)
+    win = {pc: max(best.values(), key=lambda n: mean(F[pc][n])) for pc in sizes}
+    per_size = ", ".join(f"{pc}/class: {_gain_text(F[pc], win[pc], scratch)}" for pc in sizes)
+    winner = win[sizes[0]][:1].upper() + win[sizes[0]][1:]   # it starts a sentence
+    out.append(f"{winner} wins at every data size ({per_size})." if len(set(win.values())) == 1
+               else f"The winner changes with the data size ({per_size}).")
+    below = []
+    for row in P["rows"]:
+        if row["name"] == scratch: continue
+        est = _estimate([(1.0, row_arm(R[row["name"]], row["name"])), (-1.0, row_arm(R[scratch], scratch))], row["name"])
+        if est is not None and est.ci_high < 0: below.append(row["name"])
+    if below: out.append(f"Below scratch (whole interval under zero): {', '.join(below)}.")
+    base = np.mean([step_s(r) for r in R[scratch]])
+    cost = {row["name"]: np.mean([step_s(r) for r in R[row["name"]]]) / base for row in P["rows"]}
+    dear = max(cost, key=cost.get)
+    w = win[sizes[-1]]
+    out.append(f"Cost: {w} takes {cost[w]:.2f}x scratch's time per training step, the dearest row ({dear}) "
+               f"{cost[dear]:.2f}x" + (f" (trained on {', '.join(devices)})" if devices else "") + ".")
+    counts = {}
+    for _, _, v in verdicts: counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    out.append("Claims: " + ", ".join(f"{k} {n}" for k, n in counts.items()) + ".")
+    return " ".join(out)
 
 # %% ../nbs/23_head_to_head.ipynb #dd9ab3c1
 COLORS = {"nothing": "tab:gray", "CNN": "tab:orange", "ViT": "tab:blue", "composition": "tab:green"}

@@ -111,6 +111,26 @@ def test_cost_section_is_generated_from_outputs_bench(tmp_path):
         update_readme(tmp_path)
 
 
+def test_reading_section_quotes_mini_readings_with_their_links(tmp_path):
+    "The README's reading block quotes each mini `reading.md` (a notebook's `PaperRun.note`) and links its outputs."
+    from attnrepro.report import README_END, README_START, READING_END, READING_START, PaperRun, update_readme
+    for paper, profile in (("head_to_head", "mini"), ("other", "smoke")):
+        pr = PaperRun(paper, profile, str(tmp_path / "outputs" / paper))
+        assert pr.note(f"{paper} wins at every size.", "reading") == f"{paper} wins at every size."
+        (pr.out_dir / "manifest.json").write_text(json.dumps({"profile": profile}))
+        (pr.out_dir / "table_main.md").write_text("t")
+        (pr.out_dir / "fig_cost.png").write_bytes(b"png")
+        assert "reading.md" in pr.outputs
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_START}\n{README_END}\n{READING_START}\nold\n{READING_END}\n")
+    assert update_readme(tmp_path)
+    text = readme.read_text()
+    assert "**Reading** (ours, mini). head_to_head wins at every size." in text and "old" not in text
+    assert "[table_main](outputs/head_to_head/table_main.md) · [fig_cost](outputs/head_to_head/fig_cost.png)" in text
+    assert "other wins" not in text                                     # smoke readings stay out of the README
+    assert not update_readme(tmp_path, check=True)
+
+
 def test_readme_regime_is_the_one_that_produced_the_results(tmp_path):
     "The README's regime column reads the manifest's note, else the profile at the manifest's commit, not today's."
     import subprocess
