@@ -30,9 +30,11 @@ def _teacher(P: Mapping, key):
     return P["teachers"][key]
 
 def _options(P: Mapping, row: Mapping) -> dict:
-    "A row's method options; the value '$epochs' becomes the recipe's epochs (schedules that decay over the run)."
-    ep = P["recipe"]["train"]["epochs"]
-    return {k: (ep if v == "$epochs" else v) for k, v in (row.get("options") or {}).items()}
+    """A row's method options; '$epochs' becomes the recipe's epochs (schedules that decay over the run) and
+    '$first_3_4_blocks' the student's first 3/4 blocks (Attention Distillation as its paper runs it: 18 of 24)."""
+    subs = {"$epochs": P["recipe"]["train"]["epochs"],
+            "$first_3_4_blocks": list(range(max(1, 3 * P["student"]["depth"] // 4)))}
+    return {k: (subs[v] if isinstance(v, str) and v in subs else v) for k, v in (row.get("options") or {}).items()}
 
 def experiment(P: Mapping, row: Mapping, seed: int, per_class: int | None = None) -> Experiment:
     """The `Experiment` of one row of the benchmark at `per_class` training images per class (default: the task's):
@@ -75,6 +77,9 @@ def row_arm(results: list[dict], name: str) -> Arm:
     hits = [r.get("correct") for r in results]
     return arm([r["top1"] for r in results], name, hits=hits if all(h is not None for h in hits) else None)
 
+def _devices(results) -> list[str]:
+    return sorted({str(r.get("device")) for r in results})
+
 def step_s(r: Mapping) -> float:
     "Seconds per training step of a run, from its own training throughput (evaluation excluded)."
     return r["n_train"] * r["epochs"] / r["images_per_s"] / r["steps"] if r.get("images_per_s") else float("nan")
@@ -93,6 +98,7 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
     seeds, measured in the same runs), total wall time, parameters at inference, localisation (no boxes here)."""
     sc = R[scratch]
     sa, sc_step, sc_mem = row_arm(sc, scratch), np.mean([step_s(r) for r in sc]), np.mean([r["peak_mem_mb"] for r in sc])
+    same = lambda rs: _devices(rs) == _devices(sc)   # ratios only between runs of one device
     out = []
     for row in P["rows"]:
         rs = R[row["name"]]
@@ -101,9 +107,11 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
         out.append({"group": GROUPS[row["group"]], "row": row["name"], "seeds": a.n, "top1": a.mean,
                     "top1 95% CI": _ci(top, False) if top else "-", "gain": a.mean - sa.mean,
                     "gain 95% CI": "-" if row["name"] == scratch or gain is None else _ci(gain),
-                    "time/step x scratch": np.mean([step_s(r) for r in rs]) / sc_step,
+                    "time/step x scratch": np.mean([step_s(r) for r in rs]) / sc_step if same(rs) else float("nan"),
                     "wall time (min)": np.mean([r["wall_time_s"] for r in rs]) / 60,
-                    "peak memory x scratch": np.mean([r["peak_mem_mb"] for r in rs]) / sc_mem if sc_mem > 0 else float("nan"),
+                    "peak memory x scratch": (np.mean([r["peak_mem_mb"] for r in rs]) / sc_mem if sc_mem > 0 and same(rs)
+                                              else float("nan")),
+                    "device": ", ".join(_devices(rs)),
                     "params at inference (M)": rs[0]["params"] / 1e6,
                     "localisation": "n/a (no boxes)" if not P["data"].get("boxes") else "-"})
     df = pd.DataFrame(out)
@@ -113,7 +121,8 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
                         "training over the one before it), over scratch's. Params at inference count Attention Copy's "
                         "teacher (it runs at test time). Localisation needs boxes; this task has none. Trained on "
                         + ", ".join(sorted({str(r.get("device")) for rs in R.values() for r in rs}))
-                        + ": time and memory ratios compare runs of one device.")
+                        + ": time and memory ratios compare runs of one device (empty where a row trained on another "
+                        "device than scratch).")
     return df
 
 def best_of_groups(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> dict[str, str]:
@@ -229,11 +238,13 @@ def reading(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list
         if est is not None and est.ci_high < 0: below.append(row["name"])
     if below: out.append(f"Below scratch (whole interval under zero): {', '.join(below)}.")
     base = np.mean([step_s(r) for r in R[scratch]])
-    cost = {row["name"]: np.mean([step_s(r) for r in R[row["name"]]]) / base for row in P["rows"]}
+    cost = {row["name"]: np.mean([step_s(r) for r in R[row["name"]]]) / base for row in P["rows"]
+            if _devices(R[row["name"]]) == _devices(R[scratch])}   # ratios only within one device
     dear = max(cost, key=cost.get)
     w = win[sizes[-1]]
-    out.append(f"Cost: {w} takes {cost[w]:.2f}x scratch's time per training step, the dearest row ({dear}) "
-               f"{cost[dear]:.2f}x" + (f" (trained on {', '.join(devices)})" if devices else "") + ".")
+    if w in cost:
+        out.append(f"Cost: {w} takes {cost[w]:.2f}x scratch's time per training step, the dearest row ({dear}) "
+                   f"{cost[dear]:.2f}x" + (f" (trained on {', '.join(devices)})" if devices else "") + ".")
     counts = {}
     for _, _, v in verdicts: counts[v.verdict] = counts.get(v.verdict, 0) + 1
     out.append("Claims: " + ", ".join(f"{k} {n}" for k, n in counts.items()) + ".")
@@ -252,14 +263,17 @@ def plot_cost(P: Mapping, R: Mapping[str, list], scratch: str = "scratch"):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 5))
     base = np.mean([step_s(r) for r in R[scratch]])
+    other = [row["name"] for row in P["rows"] if _devices(R[row["name"]]) != _devices(R[scratch])]
     for row in P["rows"]:
         rs = R[row["name"]]
+        if row["name"] in other: continue   # its step time is another device's
         m, hw = _mean_hw(rs)
         x = np.mean([step_s(r) for r in rs]) / base
         ax.errorbar(x, m, yerr=hw, fmt="o", color=COLORS[row["group"]], capsize=3)
         ax.annotate(row["name"], (x, m), fontsize=6, xytext=(4, 3 if len(ax.texts) % 2 else -8), textcoords="offset points")
     for g, c in COLORS.items(): ax.plot([], [], "o", color=c, label=GROUPS[g])
-    ax.set(xlabel="training time per step (x scratch)", ylabel="top-1 (%)", title="accuracy vs training cost")
+    ax.set(xlabel="training time per step (x scratch)", ylabel="top-1 (%)", title="accuracy vs training cost"
+           + (f"\n(not shown, trained on another device than scratch: {', '.join(other)})" if other else ""))
     ax.legend(fontsize=7)
     return fig
 

@@ -19,15 +19,18 @@ VIT = {"algorithm": "mae", "data": "cifar10-sample", "arch": SHAPE}
 def test_every_row_is_one_experiment_of_one_recipe(profile):
     P = load_profile("head_to_head", profile)
     exps = [h2h.experiment(P, r, 0) for r in P["rows"]]
-    assert len({e.method for e in exps}) == len(exps) == len(P["rows"])
+    assert len({str(e.to_config()) for e in exps}) == len(exps) == len(P["rows"])   # no two rows train the same run
     for e in exps:   # only the method, its teacher, options and (DeiT) the distillation token differ
         assert (e.dataset, e.per_class, e.train, e.augment) == (P["data"]["name"], P["data"]["per_class"],
                                                                 P["recipe"]["train"], P["recipe"]["augment"])
         assert {k: v for k, v in e.student.items() if k != "arch"} == P["student"] and e.student["arch"] in ("vit", "deit")
-        assert e.record_correct and "cls_attention" in e.extras and "$epochs" not in str(e.options)
+        assert e.record_correct and "cls_attention" in e.extras and "$" not in str(e.options)
     assert {r["group"] for r in P["rows"]} == set(h2h.GROUPS)
     assert P["data"]["per_class"] in P["fractions"]["per_class"]   # the headline runs are the sweep's largest size
     if profile != "smoke": assert len(P["seeds"]) >= 3 and len(P["fractions"]["per_class"]) >= 3
+    three_quarters = {r["name"]: e.options.get("layers") for r, e in zip(P["rows"], exps) if r["method"] == "attn_distill"}
+    assert three_quarters["Attention Distillation (first 3/4)"] == list(range(max(1, 3 * P["student"]["depth"] // 4)))
+    assert three_quarters["Attention Distillation (all blocks)"] is None   # the registry's default: every block
 
 
 def test_per_part_teachers_are_checked_and_used():
