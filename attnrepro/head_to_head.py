@@ -120,7 +120,7 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
                         "memory: `run_experiment`'s peak_mem_mb (CUDA max allocated; CPU: peak resident set during "
                         "training over the one before it), over scratch's. Params at inference count Attention Copy's "
                         "teacher (it runs at test time). Localisation needs boxes; this task has none. Trained on "
-                        + ", ".join(sorted({str(r.get("device")) for rs in R.values() for r in rs}))
+                        + ", ".join(_devices([r for rs in R.values() for r in rs]))
                         + ": time and memory ratios compare runs of one device (empty where a row trained on another "
                         "device than scratch).")
     return df
@@ -158,7 +158,8 @@ CLAIMS = {
     "composition": "the composition beats each of its parts run alone",
 }
 COMPOSITION_PARTS = {"fine-tune + GTA + attn. distill": ("fine-tune + GTA", "Attention Distillation (all blocks)"),
-                     "AAL + DeiT hard": ("AAL", "DeiT hard"), "attn. distill + KD": ("Attention Distillation (all blocks)", "soft KD")}
+                     "AAL + DeiT hard": ("AAL", "DeiT hard"),
+                     "attn. distill + KD": ("Attention Distillation (all blocks)", "soft KD")}
 
 def _greater(R, a: str, b: str, margin: float = 0.0) -> Verdict:
     "Claim `a` beats `b` by more than `margin` points, paired per test image (untestable with one seed)."
@@ -208,9 +209,13 @@ def claims(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]
     return out
 
 # %% ../nbs/23_head_to_head.ipynb #ad4d5434
-def _gain_text(Rx: Mapping[str, list], name: str, scratch: str) -> str:
+def _gain(Rx: Mapping[str, list], name: str, scratch: str):
+    "(row's Arm, scratch's Arm, the paired gain's Estimate or None with one seed)."
     a, s = row_arm(Rx[name], name), row_arm(Rx[scratch], scratch)
-    est = _estimate([(1.0, a), (-1.0, s)], f"{name} - {scratch}")
+    return a, s, _estimate([(1.0, a), (-1.0, s)], f"{name} - {scratch}")
+
+def _gain_text(Rx: Mapping[str, list], name: str, scratch: str) -> str:
+    a, s, est = _gain(Rx, name, scratch)
     return f"{name} {a.mean:.1f} % ({a.mean - s.mean:+.1f}" + (f" {_ci(est)}" if est else ", one seed") + ")"
 
 def reading(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]], best: Mapping[str, str],
@@ -231,11 +236,8 @@ def reading(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list
     winner = win[sizes[0]][:1].upper() + win[sizes[0]][1:]   # it starts a sentence
     out.append(f"{winner} wins at every data size ({per_size})." if len(set(win.values())) == 1
                else f"The winner changes with the data size ({per_size}).")
-    below = []
-    for row in P["rows"]:
-        if row["name"] == scratch: continue
-        est = _estimate([(1.0, row_arm(R[row["name"]], row["name"])), (-1.0, row_arm(R[scratch], scratch))], row["name"])
-        if est is not None and est.ci_high < 0: below.append(row["name"])
+    below = [row["name"] for row in P["rows"] if row["name"] != scratch
+             and (est := _gain(R, row["name"], scratch)[2]) is not None and est.ci_high < 0]
     if below: out.append(f"Below scratch (whole interval under zero): {', '.join(below)}.")
     base = np.mean([step_s(r) for r in R[scratch]])
     cost = {row["name"]: np.mean([step_s(r) for r in R[row["name"]]]) / base for row in P["rows"]
