@@ -274,8 +274,9 @@ def plot_cost(P: Mapping, R: Mapping[str, list], scratch: str = "scratch"):
         ax.errorbar(x, m, yerr=hw, fmt="o", color=COLORS[row["group"]], capsize=3)
         ax.annotate(row["name"], (x, m), fontsize=6, xytext=(4, 3 if len(ax.texts) % 2 else -8), textcoords="offset points")
     for g, c in COLORS.items(): ax.plot([], [], "o", color=c, label=GROUPS[g])
-    ax.set(xlabel="training time per step (x scratch)", ylabel="top-1 (%)", title="accuracy vs training cost"
-           + (f"\n(not shown, trained on another device than scratch: {', '.join(other)})" if other else ""))
+    ax.set(xlabel="training time per step (x scratch)", ylabel="top-1 (%)", title="accuracy vs training cost")
+    if other: fig.text(0.5, -0.02, f"not shown (trained on another device than scratch): {', '.join(other)}",
+                       ha="center", fontsize=7)
     ax.legend(fontsize=7)
     return fig
 
