@@ -279,7 +279,8 @@ def _teacher_distill(kind):
     return factory
 
 register_method("attn_distill", paper="attention_transfer", teacher="vit", weight=3.0,
-                summary="Attention Distillation: CE + cross-entropy between the teacher's and the student's attention maps"
+                summary="Attention Distillation: CE + cross-entropy between the teacher's and the student's attention maps "
+                        "(every block unless `layers` says which; the paper distills the first 3/4, e.g. 18 of 24)"
                 )(_teacher_distill("attn"))
 register_method("q_distill", paper="attention_transfer", teacher="vit", weight=3.0,
                 summary="distillation of the teacher's queries (Table 3)")(_teacher_distill("q"))
