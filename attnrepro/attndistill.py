@@ -9,6 +9,7 @@ from functools import partial
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from timm.models.vision_transformer import VisionTransformer
@@ -171,10 +172,14 @@ def patch_alignment_loss(student_patches: torch.Tensor, teacher_patches: torch.T
     return feature_mse_loss(student_patches, t)
 
 class CompRessQueue(nn.Module):
-    "FIFO memory bank of L2-normalised teacher features (buffers only, so it is checkpointed, never optimised)."
+    """FIFO memory bank of L2-normalised teacher features (buffers only, so it is checkpointed, never optimised).
+    Training stages each batch's keys (`stage`) and pushes them once per optimiser step (`push_staged`): accumulated
+    micro-batches all enter the bank, after the step, as one large batch's would; under DDP the keys of every process
+    are gathered first, so that each holds the same bank (MoCo's queue)."""
     def __init__(self, dim: int, size: int = 4096):
         super().__init__()
         if size < 1: raise ValueError(f"CompRessQueue: size must be >= 1, got {size}")
+        self._staged = []
         self.register_buffer("bank", torch.zeros(size, dim))
         self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("filled", torch.zeros((), dtype=torch.long))
@@ -189,6 +194,21 @@ class CompRessQueue(nn.Module):
         self.bank[i] = f.to(self.bank)
         self.ptr.fill_((int(self.ptr) + len(f)) % len(self.bank))
         self.filled.fill_(min(len(self.bank), int(self.filled) + len(f)))
+
+    def stage(self, feats: torch.Tensor) -> None:
+        "Hold a batch's teacher features for the next `push_staged`."
+        self._staged.append(feats.detach())
+
+    @torch.no_grad()
+    def push_staged(self) -> None:
+        "Push every staged batch (gathered over processes under DDP), oldest first; none staged: no-op."
+        if not self._staged: return
+        f, self._staged = torch.cat(self._staged), []
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            parts = [torch.empty_like(f) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, f.contiguous())
+            f = torch.cat(parts)
+        self.push(f)
 
 def compress_loss(student: torch.Tensor, teacher: torch.Tensor, anchors: torch.Tensor, tau: float = 0.04) -> torch.Tensor:
     "CompRess-1q: KL(softmax(t.A/tau) || softmax(s.A/tau)) over anchors A (bank + this batch's teacher), batchmean."
@@ -255,6 +275,7 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
         t["maps"] = dict(zip(t_layers, t["maps"]))
         if value_weight: t["v"] = dict(zip(t_layers, t["v"]))
         put_taps(ctx, "teacher", t, "AttnDistill")
+        if compress_weight: ctx.modules["compress_queue"].stage(t["cls"])   # enters the bank after the step
 
     def forward(ctx: StepContext) -> None:
         spec = {"block": [-1]}            # the last block's tokens: the final norm's input
@@ -287,7 +308,7 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
         return compress_loss(ctx.student["proj"], ctx.teacher["cls"], ctx.modules["compress_queue"].anchors(), compress_tau)
 
     def after_step(ctx):
-        if compress_weight: ctx.modules["compress_queue"].push(ctx.teacher["cls"])
+        if compress_weight: ctx.modules["compress_queue"].push_staged()
 
     terms = [LossTerm(n, fn, w) for n, fn, w in (("feat", feat_term, feature_weight), ("attn", attn_term, attn_weight),
                                                  ("patch", patch_term, patch_align_weight),

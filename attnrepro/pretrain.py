@@ -252,10 +252,14 @@ class MultiCropWrapper(nn.Module):
         return self.head(torch.cat(out))
 
 class DINOLoss(nn.Module):
-    "DINO's cross-entropy between sharpened, centred teacher outputs and student outputs of other crops; holds the center."
-    def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9):
+    """DINO's cross-entropy between sharpened, centred teacher outputs and student outputs of other crops; holds the center.
+    Each call updates the center, unless `defer_center` is set: then calls only stage their teacher outputs and
+    `apply_staged_center` updates it once with all of them (`DINOMethod` does so once per optimiser step, so that
+    accumulated micro-batches move the center as the one large batch they stand for)."""
+    def __init__(self, out_dim: int, student_temp: float = 0.1, center_momentum: float = 0.9, defer_center: bool = False):
         super().__init__()
         self.student_temp, self.center_momentum = float(student_temp), float(center_momentum)
+        self.defer_center, self._staged = bool(defer_center), None
         self.register_buffer("center", torch.zeros(1, out_dim))
 
     def forward(self, student_out: torch.Tensor, teacher_out: torch.Tensor, teacher_temp: float,
@@ -273,14 +277,30 @@ class DINOLoss(nn.Module):
                 if v == iq: continue  # the same view for teacher and student
                 total = total + torch.sum(-q * F.log_softmax(s[v], dim=-1), dim=-1).mean()
                 n += 1
-        self.update_center(teacher_out)
+        if self.defer_center: self.stage_center(teacher_out)
+        else: self.update_center(teacher_out)
         return total / n
 
     @torch.no_grad()
     def update_center(self, teacher_out: torch.Tensor) -> None:
         "center <- m * center + (1 - m) * mean teacher output of the batch (over all processes)."
-        batch_center = teacher_out.sum(dim=0, keepdim=True)
-        n = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+        self._move_center(teacher_out.sum(dim=0, keepdim=True), len(teacher_out))
+
+    @torch.no_grad()
+    def stage_center(self, teacher_out: torch.Tensor) -> None:
+        "Add a batch's teacher outputs to those the next `apply_staged_center` averages."
+        s, n = teacher_out.detach().sum(dim=0, keepdim=True), len(teacher_out)
+        self._staged = (s, n) if self._staged is None else (self._staged[0] + s, self._staged[1] + n)
+
+    @torch.no_grad()
+    def apply_staged_center(self) -> None:
+        "One center update with the mean of every teacher output staged since the last one (none staged: no-op)."
+        if self._staged is not None:
+            (s, n), self._staged = self._staged, None
+            self._move_center(s, n)
+
+    def _move_center(self, batch_center: torch.Tensor, count: int) -> None:
+        n = torch.tensor(float(count), device=batch_center.device)
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(batch_center); dist.all_reduce(n)
         self.center.mul_(self.center_momentum).add_(batch_center / n, alpha=1 - self.center_momentum)
@@ -395,16 +415,19 @@ class MAEMethod(Method):
 
 class DINOMethod(Method):
     """DINO for `fit`: the model is the student `MultiCropWrapper`; the EMA `teacher` and the `DINOLoss`
-    (its center) are extra modules without trainable parameters, so they are checkpointed, not optimised."""
+    (its center) are extra modules without trainable parameters, so they are checkpointed, not optimised.
+    The teacher's momentum follows a cosine over `total_steps` optimiser steps (None: `fit`'s, steps per epoch x
+    epochs); with gradient accumulation the EMA and the center move once per optimiser step, as in one large batch."""
     name = "dino"
-    def __init__(self, teacher: MultiCropWrapper, loss: DINOLoss, total_steps: int, n_global: int = 2,
+    def __init__(self, teacher: MultiCropWrapper, loss: DINOLoss, total_steps: int | None = None, n_global: int = 2,
                  warmup_teacher_temp: float = 0.04, teacher_temp: float = 0.07, warmup_teacher_temp_epochs: int = 30,
                  momentum_teacher: float = 0.996, clip_grad: float | None = 3.0, freeze_last_layer: int = 1,
                  log_every: int = 10):
         if any(p.requires_grad for p in teacher.parameters()):
             raise ValueError("DINOMethod: the teacher must have requires_grad=False (it is an EMA, not trained)")
         super().__init__([LossTerm("dino", lambda ctx: ctx.out)], extra_modules={"teacher": teacher, "dino_loss": loss})
-        self.total_steps, self.n_global = int(total_steps), int(n_global)
+        self.total_steps, self.n_global = None if total_steps is None else int(total_steps), int(n_global)
+        loss.defer_center = True
         self.temps = (warmup_teacher_temp, teacher_temp, warmup_teacher_temp_epochs)
         self.momentum_teacher, self.clip_grad, self.freeze_last_layer = momentum_teacher, clip_grad, freeze_last_layer
         self.log_every = log_every
@@ -431,7 +454,9 @@ class DINOMethod(Method):
             for p in student.head.last_layer.parameters(): p.grad = None
 
     def after_step(self, ctx: StepContext) -> None:
-        m = ema_momentum_at(min(ctx.step, self.total_steps - 1), self.total_steps, self.momentum_teacher)
+        ctx.modules["dino_loss"].apply_staged_center()
+        total = self.total_steps or ctx.steps_per_epoch * ctx.cfg.epochs
+        m = ema_momentum_at(min(ctx.step, total - 1), total, self.momentum_teacher)
         ema_update(ctx.modules["teacher"], ctx.model, m)
         ctx.state["momentum"] = m
         _log_loss(ctx, self.log_every)
@@ -493,10 +518,10 @@ def pretrain_dino(train_data, arch_kwargs: dict, cfg: TrainConfig, ckpt_dir: Pat
     teacher.requires_grad_(False)
     evaluate_fn = _monitor(val_data, knn_bank, lambda m: teacher.backbone, "pretrain_dino")  # DINO monitors the teacher
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    total = cfg.epochs * (len(train_data) // (cfg.batch_size * world))
-    if total < 1:
-        raise ValueError(f"pretrain_dino: {len(train_data)} images give no full batch of {cfg.batch_size}")
-    method = DINOMethod(teacher, DINOLoss(out_dim, student_temp, center_momentum), total,
+    per = cfg.per_process(world).batch_size   # fit's batch per process (the momentum schedule counts fit's steps)
+    if len(train_data) // (per * world) < 1:
+        raise ValueError(f"pretrain_dino: {len(train_data)} images give no full batch of {per} on {world} process(es)")
+    method = DINOMethod(teacher, DINOLoss(out_dim, student_temp, center_momentum), None,
                         warmup_teacher_temp=warmup_teacher_temp, teacher_temp=teacher_temp,
                         warmup_teacher_temp_epochs=warmup_teacher_temp_epochs, momentum_teacher=momentum_teacher,
                         clip_grad=clip_grad, freeze_last_layer=freeze_last_layer, log_every=log_every)

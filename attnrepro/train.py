@@ -857,7 +857,7 @@ def _set_train(run: RunState, mode: bool):
 def _make_ctx(run: RunState, epoch: int, weights: dict, **kw) -> StepContext:
     return StepContext(model=run.model, train_model=run.train_model, modules=run.modules, method=run.method,
                        cfg=run.cfg, device=run.device, state=run.method.state, epoch=epoch, step=run.step,
-                       weights=weights, **kw)
+                       steps_per_epoch=run.steps_per_epoch, weights=weights, **kw)
 
 def _take_grads(params: Sequence[torch.Tensor]) -> list:
     "The gradients accumulated so far, taken off `params` (a custom backward may overwrite `.grad`, as `assign_grads` does)."

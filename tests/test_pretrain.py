@@ -131,6 +131,39 @@ def test_dino_loss_and_center_by_hand():
         loss_fn(s[:-1], t, 0.04, n_crops)
 
 
+def test_dino_center_staged_over_micro_batches_moves_once():
+    "defer_center: two staged halves move the center once, exactly as their concatenation does."
+    g = torch.Generator().manual_seed(1)
+    B, K, n_crops = 4, 5, 3
+    s, t = torch.randn(n_crops * B, K, generator=g, dtype=torch.float64), torch.randn(2 * B, K, generator=g, dtype=torch.float64)
+    whole, split = DINOLoss(K).double(), DINOLoss(K, defer_center=True).double()
+    c0 = torch.randn(1, K, generator=g, dtype=torch.float64)
+    whole.center.copy_(c0); split.center.copy_(c0)
+    full = whole(s, t, 0.04, n_crops)
+    halves = [split(torch.cat([c[i::2] for c in s.chunk(n_crops)]), torch.cat([c[i::2] for c in t.chunk(2)]), 0.04, n_crops)
+              for i in (0, 1)]
+    assert torch.equal(split.center, c0)                                   # staged, not moved
+    torch.testing.assert_close((halves[0] + halves[1]) / 2, full)         # both halves saw the old center
+    split.apply_staged_center(); split.apply_staged_center()              # the second: nothing staged
+    torch.testing.assert_close(split.center, whole.center)
+
+
+def test_dino_under_accumulation_matches_one_large_batch(tmp_path):
+    "batch 50 = 2 micro-batches of 25: same momentum schedule (fit's optimiser steps), same center, same teacher."
+    ds = _sample(MultiCropTransform(64, n_local=2), 10)
+    def run(batch, accum, d):
+        cfg = TrainConfig(**{**CFG, "batch_size": batch, "accum_steps": accum, "seed": 0})
+        enc, res = pretrain_dino(ds, ARCH, cfg, d, out_dim=64, hidden_dim=32, bottleneck_dim=16,
+                                 warmup_teacher_temp_epochs=2, log_every=2, progress=False)
+        return enc, res, load_checkpoint(d / CKPT_NAME)["extra"]["dino_loss"]["center"]
+    (e1, r1, c1), (e2, r2, c2) = run(50, 1, tmp_path / "a"), run(25, 2, tmp_path / "b")
+    total = 2 * 2                                                          # 2 epochs x 2 optimiser steps
+    assert r1["history"][-1]["momentum"] == r2["history"][-1]["momentum"] == ema_momentum_at(total - 1, total)
+    torch.testing.assert_close(c2, c1, atol=1e-5, rtol=1e-4)
+    for (k, a), b in zip(e1.state_dict().items(), e2.state_dict().values()):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-3, msg=k)
+
+
 def test_teacher_temp_and_momentum_schedules():
     lin = np.linspace(0.04, 0.07, 30)
     for e in [0, 1, 15, 29]:
