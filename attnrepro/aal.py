@@ -1288,8 +1288,9 @@ def table_2(recipe: Mapping, sel: Mapping[int, list], base: Mapping[str, Mapping
                f"({sizes}: about equal images seen, decision 7; {sel[f0][0]['n_val']} test images), ViT embed {ST['embed_dim']} "
                f"depth {ST['depth']} patch {ST['patch_size']}; DeiT-S = hard distillation from {SW['label_teacher']}; AAL = selective link (alpha "
                f"below {f_hi} %, beta at {f_hi} %; the full link where Algorithm 1 keeps every pair) with the {TT} teacher; CE = "
-               "the same student without a teacher (not in the paper's table). One-seed rows borrow the pooled seed sd in the "
-               "claims." + ("" if "ConViT" in base else " ConViT is not in this profile's sweep (cost); Table A has it."))
+               "the same student without a teacher (not in the paper's table)."
+               + (" One-seed rows borrow the pooled seed sd in the claims." if (t2[f"seeds (ours, {profile})"] == 1).any() else "")
+               + ("" if "ConViT" in base else " ConViT is not in this profile's sweep (cost); Table A has it."))
     return t2, caption
 
 def table_2_gaps(sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]], profile: str) -> tuple[pd.DataFrame, str]:
@@ -1395,20 +1396,22 @@ def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple
     caption = (f"CIFAR-10 top-1/top-5 (%), mean over `seeds`. Teacher trained on CIFAR-10: paper unnamed, ours "
                + (f"{CF['teacher']} (offline weights)." if CF["teacher"] else "none given (the rows that need it say so).")
                + f" Ours: weak = {describe(CF['weak'])}, strong = {describe(CF['strong'])}; ViT embed "
-               f"{ST['embed_dim']} depth {ST['depth']} patch {ST['patch_size']} at {ST['img_size']} px (paper: DeiT-S, 300 epochs). "
-               "One-seed rows borrow the pooled seed sd of the sweep's multi-seed rows in claim 3 (for the strong rows a spread "
-               "measured under another augmentation and schedule: the closest one measured).")
+               f"{ST['embed_dim']} depth {ST['depth']} patch {ST['patch_size']} at {ST['img_size']} px (paper: DeiT-S, 300 epochs)."
+               + (" One-seed rows borrow the pooled seed sd of the sweep's multi-seed rows in claim 3 (for the strong rows a "
+                  "spread measured under another augmentation and schedule: the closest one measured)."
+                  if any(len(rs) == 1 for rs in cifar.values()) else ""))
     return t5, caption, not_run
 
 def table_A(recipe: Mapping, tA_runs: Mapping[str, list], profile: str) -> tuple[pd.DataFrame, str]:
     "Table A and its caption: CIFAR-10 top-1 with the ImageNet teacher, `tA_runs` mapping the paper's model to its runs."
     CF = recipe["cifar"]
     LS_C = CF.get("imagenet_teacher_size")
-    tAo = pd.DataFrame([dict(model=k, dataset="CIFAR-10", top1=mean_of(rs)) for k, rs in tA_runs.items()])
-    tA = side_by_side(load_reported("aal", "tableA_cifar10"), tAo, on=["model", "dataset"], values=["top1"], profile=profile)
+    tAo = pd.DataFrame([dict(model=k, dataset="CIFAR-10", top1=mean_of(rs), seeds=len(rs)) for k, rs in tA_runs.items()])
+    tA = side_by_side(load_reported("aal", "tableA_cifar10"), tAo, on=["model", "dataset"], values=["top1", "seeds"], profile=profile)
+    tA[f"seeds (ours, {profile})"] = tA[f"seeds (ours, {profile})"].astype("Int64")
     fed = f"fed {LS_C} px" if LS_C else "at the student's size"
     caption = (f"CIFAR-10 top-1 (%) with an ImageNet teacher (ours: {CF['imagenet_teacher']} {fed}, proxy for "
-               f"EfficientNet-B3), {describe_regime(recipe, CF['strong'])}, one seed. DeiT-B row: ours is the same-size ViT "
+               f"EfficientNet-B3), {describe_regime(recipe, CF['strong'])}, mean over `seeds`. DeiT-B row: ours is the same-size ViT "
                "trained from scratch with CE (the text compares to DeiT-B from scratch), shared with Table 5; ConViT-S: our "
                "ConViT, CE. Table 5's strong CE + AAL row is the same regime with the CIFAR-10 teacher.")
     return tA, caption
@@ -1627,7 +1630,8 @@ class SweepArms:
         "Evidence text: which one-seed rows borrow the pooled sd, and what that sd is."
         pooled = (f"the pooled top-1 sd of the sweep's {self.n_multi} multi-seed rows (sd {self.sd.get('sd_seed', float('nan')):.3f}, "
                   f"df {self.sd.get('sd_df', 0):.0f})")
-        return f"one-seed rows ({', '.join(names) or 'none'}) borrow {pooled} plus the test-set error"
+        if not names: return "every row has several seeds (each its own spread)"
+        return f"one-seed rows ({', '.join(names)}) borrow {pooled} plus the test-set error"
 
     def one_seed_rows(self) -> list[str]:
         return [f"{k} {f} %" for k, d in self.runs_by.items() for f, rs in d.items() if len(rs) == 1]
@@ -1683,7 +1687,8 @@ def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], n
                           for a in c3)
                 + f"; weak = {describe_regime(recipe, CF['weak'])}, strong = {describe_regime(recipe, CF['strong'])}; "
                 + arms.borrowed([v.name for t in c3.values() for v in t.values() if v.n == 1])
-                + " (for the strong rows a spread measured under weak augmentation and a longer schedule: the closest one measured)")
+                + (" (for the strong rows a spread measured under weak augmentation and a longer schedule: the closest one "
+                   "measured)" if any(v.n == 1 for v in c3["strong"].values()) else ""))
     return CLAIM_TEXTS["3_cifar"], claim_cifar_aal_beats_label_distillation(c3, hits3), evidence
 
 def check_link_depth(full: Mapping[int, list], heat: Mapping[str, np.ndarray]) -> tuple[str, Verdict, str]:
