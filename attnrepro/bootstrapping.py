@@ -33,9 +33,9 @@ __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'CNN_TIMM',
            'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements', 'table_2',
            'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_requests', 'headline_arms', 'SeedNoise',
            'table_seed_spread', 'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs', 'fraction_runnable',
-           'fraction_regime', 'table_3', 'table_4', 'table_5', 'sweep_regime', 'table_sensitivity',
-           'table_layer_removal', 'viz_figures', 'dataset_evidence', 'table4_arms', 'table5_arms', 'fraction_arms',
-           'fraction_evidence']
+           'fraction_regime', 'table_3', 'pilot_requests', 'notebook_requests', 'table_4', 'table_5', 'sweep_regime',
+           'table_sensitivity', 'table_layer_removal', 'viz_figures', 'dataset_evidence', 'table4_arms', 'table5_arms',
+           'fraction_arms', 'fraction_evidence']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -1189,6 +1189,54 @@ def table_3(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNo
                 + (", epochs per fraction " + ", ".join(f"{_pct(f)}: {fraction_epochs(P, f)['epochs']}" for f in FR["values"])
                    + " (equal optimizer steps)" if FR.get("equal_steps") else "")
                 + f"; top1_gain = Ours minus the ViT at the same fraction. " + noise.note(POOL, fraction_regime(P)))
+
+# %% ../nbs/13_bootstrapping.ipynb #82225220
+def pilot_requests(pilot: Mapping) -> list[tuple[str, dict, str]]:
+    "The runs `pilot_runs` asks for in every round of `pilot` (the first, then `long`), as (method, run kwargs, name)."
+    req = []
+    def record(method: str, name: str | None = None, **kw) -> dict:
+        req.append((method, kw, name))
+        return {}
+    for rnd in (pilot, pilot.get("long")):
+        if rnd: pilot_runs(pilot, rnd, record)
+    return req
+
+def notebook_requests(recipe: Mapping, ds_label: Mapping[str, str], seeds_of: Mapping[str, list]) -> list[tuple[str, dict]]:
+    """Every run the paper notebook asks `run(method, **kw)` for after its pilot, as (method, run kwargs), in the order
+    its cells ask: the headline rows seed by seed, Table 1, Figure 5, Table 3, Tables 4-5, Figures 6-7, the
+    visualisations and the claims' SAM / Sparse rows. The notebook trains them as one grid (`PaperRun.run_many`: with
+    `--executor local|slurm` they train side by side as separate jobs); a run it asks for that is not listed here trains
+    alone and is named in runs_used.json (`outside_grids`), which the smoke test requires to be empty."""
+    P, req = recipe, []
+    for ds in ds_label: req += headline_requests(ds, seeds_of[ds])
+    for ds in ("c10", "c100"):   # Table 1 (`table_1`)
+        req += [(cnn, dict(ds=ds)) for cnn in CNN_TIMM if CNN_TIMM[cnn] in P["cnn_baselines"]]
+        for s in (s for s in P["vits"] if s in P["sizes"]):
+            req += [(m, dict(ds=ds, size=s)) for m in ("Agent", "ViT", "ViT-SAM", "ViT-Sparse")]
+            if teacher_status(P["pretrained"][s]) is None: req.append(("Pretrained", dict(ds=ds, size=s)))
+            req += [(m, dict(ds=ds, size=s)) for m in ("Joint", "Shared")]
+    req += [(m, dict(ds=ds)) for ds in ("c10", "c100") for m in ("ViT", "Joint", "Shared", "Agent")]   # Figure 5
+    no_kd = dict(w_kd=0.0, w_kd_agent=0.0)
+    req += [("Joint", dict(w_hint=0.0)), ("Joint", no_kd), ("ViT", {}), ("Joint", {}), ("Agent", {})]
+    pool, size = fraction_pool(P), fraction_size(P)   # Table 3
+    req += [(m, dict(ds=pool, size=size, fraction=f, **fraction_epochs(P, f)))
+            for f in P["fractions"]["values"] for m in PAPER_T3 if fraction_runnable(P, m, f)]
+    req += [("Joint", dict(no_kd, hint_decay=False)), ("Joint", dict(no_kd, adapt="avgpool2d")),   # Table 4
+            ("Joint", dict(hint_decay=False))]
+    req += [(m, dict(arch=a)) for a in ("base", "res_like") for m in ("Agent", "Joint")]   # Table 5
+    SW, J = P["sweep"], P["joint"]   # Figures 6 (sensitivity) and 7 (layer removal)
+    sw = dict(ds=SW["dataset"], fraction=SW["fraction"], epochs=SW["epochs"])
+    req.append(("Joint", sw))
+    req += [("Joint", dict(w_kd=a, w_kd_agent=a, **sw)) for a in SW["alpha"] if a != J["w_kd"]]
+    req += [("Joint", dict(w_hint=b, **sw)) for b in SW["beta"] if b != J["w_hint"]]
+    req += [("Joint", dict(T=t, **sw)) for t in SW["T"] if t != J["T"]]
+    depth = P["vits"]["S"]["depth"]
+    req += [("Joint", dict(layers=[i for i in range(depth) if i != l], **sw)) for l in range(depth)]
+    req += [(m, dict(ds=P["viz"]["dataset"])) for m in ("ViT", "Agent", "Joint")]   # Tables 8-11
+    claim_ds = list(P.get("claim_datasets", ds_label))
+    req += [(m, dict(ds=ds)) for m in ("ViT-SAM", "ViT-Sparse") for ds in claim_ds]   # claim 1b
+    return req
+
 
 # %% ../nbs/13_bootstrapping.ipynb #1458d39b
 def table_4(recipe: Mapping, rows: Sequence[tuple], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:

@@ -379,6 +379,7 @@ class PaperRun:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.used: dict[str, dict] = {}
         self.fresh: set[str] = set()   # hashes trained by jobs of run_many in this execution (matters with force)
+        self.gridded: set[str] = set()  # hashes asked for through run_many (the rest train one at a time, in this process)
         self.claims: list[dict] = []
         self.outputs: list[str] = []
         self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
@@ -430,6 +431,7 @@ class PaperRun:
         result first train as submitit jobs (`attnrepro.scale.run_grid`; `ATTNREPRO_WAIT=0`: submit them and raise
         `RunsPending`). `depends(config)`: the (name, config) runs that must finish before `config` starts."""
         items = [(name, config) for name, config in items]
+        self.gridded |= {config_hash(config) for _, config in items}
         ex = executor_name()
         if ex != "serial" and os.environ.get("ATTNREPRO_CACHED_ONLY") != "1" and not dry_run_steps():
             from attnrepro.scale import run_grid
@@ -512,7 +514,9 @@ class PaperRun:
             atomic_write_text(self.out_dir / "claims.md", md)
         # JSON has no inf/nan: an unbounded interval or an untestable claim's missing effect becomes null
         claims = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in c.items()} for c in self.claims]
-        summary = dict(paper=self.paper, profile=self.profile, runs=list(self.used.values()),
+        # runs asked for one at a time: with `--executor local|slurm` they still train in this process, not as jobs
+        outside = [r["name"] or h for h, r in self.used.items() if h not in self.gridded]
+        summary = dict(paper=self.paper, profile=self.profile, runs=list(self.used.values()), outside_grids=outside,
                        seeds=sorted({r["seed"] for r in self.used.values() if r["seed"] is not None}),
                        outputs=self.outputs, provenance=self.provenance, claims=claims, notebook_wall_time_s=round(time.time() - self.started, 3))
         atomic_write_json(self.out_dir / "runs_used.json", summary)

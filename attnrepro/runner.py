@@ -200,7 +200,8 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     except (ValueError, FileNotFoundError): note = ""
     manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, note=note, git_commit=commit,
                     started=started, wall_time_s=round(time.time() - t0, 1), parameters=all_params | {"out_dir": str(final)},
-                    seeds=used.get("seeds", []), runs=used.get("runs", []), claims=used.get("claims", []),
+                    seeds=used.get("seeds", []), runs=used.get("runs", []), outside_grids=used.get("outside_grids", []),
+                    claims=used.get("claims", []),
                     provenance=used.get("provenance", {}),
                     packages=package_versions(), command=" ".join(sys.argv))
     del manifest["parameters"]["runs_dir"]
