@@ -37,10 +37,10 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'describe_regime', 'arch_counts_run', 'step_time_run', 'link_ranges', 'maxboxacc_rows', 'LinkSweep',
            'plot_learning_curves', 'plot_link_magnitudes', 'plot_link_evolution', 'plot_attention_examples',
            'paper_recipe', 'mean_of', 'links_of', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power',
-           'table_2', 'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'cifar_runs', 'table_5',
-           'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_val_boxes',
-           'table_C', 'table_D', 'table_E', 'table_lambda_decay', 'SweepArms', 'check_low_data', 'check_selective',
-           'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol']
+           'table_2', 'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'cifar_items',
+           'run_grouped', 'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B',
+           'wsol_val_boxes', 'table_C', 'table_D', 'table_E', 'table_lambda_decay', 'SweepArms', 'check_low_data',
+           'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -1369,17 +1369,25 @@ NO_CIFAR_TEACHER = ("not run: the paper does not name its CIFAR-10 teacher (cifa
                     "set it to a get_teacher spec of a CIFAR-10 CNN (a checkpoint file, or 'timm:<name>' with its weights) to "
                     "run this row")
 
-def cifar_runs(recipe: Mapping, sweep: LinkSweep, run: Callable, aug: str, arm_: str, method: dict, arch: dict) -> list:
-    """One row of Table 5 / A (`run(config, name) -> result` per seed): in a sweep regime the sweep's runs (a sweep
-    arm's seeds), else the secondary seeds; [] when the method needs a teacher the profile does not give."""
+def cifar_items(recipe: Mapping, sweep: LinkSweep, aug: str, arm_: str, method: dict, arch: dict) -> list[tuple[dict, str]]:
+    """One row of Table 5 as (config, name) per seed: in a sweep regime the sweep's runs (a sweep arm's seeds), else
+    the secondary seeds; [] when the method needs a teacher the profile does not give."""
     CF, SW = recipe["cifar"], recipe["sweep"]
     R = CF[aug]
     if "teacher" in method and method["teacher"] is None: return []   # NO_CIFAR_TEACHER
     sweep_of = {r: int(f) for f, r in SW["fractions"].items()}   # regime -> the sweep fraction that runs it
     seeds_ = sweep.seeds(sweep_of[R], arm_) if R in sweep_of and arm_ in SW["arms"] else CF["secondary_seeds"]
     if R in sweep_of:
-        return [run(sweep.config(sweep_of[R], method, arch, s, arm_), f"t5_{arm_}_{aug}_{sweep_of[R]}_seed{s}") for s in seeds_]
-    return [run(regime_config(recipe, R, method, arch, s), f"t5_{arm_}_{aug}" + (f"_seed{s}" if s else "")) for s in seeds_]
+        return [(sweep.config(sweep_of[R], method, arch, s, arm_), f"t5_{arm_}_{aug}_{sweep_of[R]}_seed{s}") for s in seeds_]
+    return [(regime_config(recipe, R, method, arch, s), f"t5_{arm_}_{aug}" + (f"_seed{s}" if s else "")) for s in seeds_]
+
+def run_grouped(run_all: Callable[[list], list], groups: Mapping) -> dict:
+    """{key: [(config, name), ...]} -> {key: [result, ...]}: every group's runs as ONE grid (`run_all`), so that a
+    table's rows and seeds train side by side as jobs under `attnrepro reproduce --executor local|slurm`."""
+    flat = [item for items in groups.values() for item in items]
+    results, out = iter(run_all(flat) if flat else []), {}
+    for key, items in groups.items(): out[key] = [next(results) for _ in items]
+    return out
 
 def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple[pd.DataFrame, str, set]:
     """Table 5, its caption and the rows not run (no CIFAR-10 teacher given): `cifar` maps (method, augmentation) to
