@@ -9,8 +9,10 @@ from attnrepro.runner import output_dir, run_paper, runnable_papers
 
 PAPERS = runnable_papers()
 # notebooks whose runs are asked for as grids (`PaperRun.run_many`: `--executor local|slurm` trains them as jobs), and
-# the name prefixes of the runs each may ask for one at a time (configs that depend on earlier results; measurements)
-OUTSIDE_GRIDS_OK = {"bootstrapping_vit": (), "aal": ("aal_beta_", "arch_counts", "step_time")}
+# the name prefixes of the runs each may ask for one at a time (configs that depend on earlier results; measurements
+# and analyses of trained models)
+OUTSIDE_GRIDS_OK = {"bootstrapping_vit": (), "aal": ("aal_beta_", "arch_counts", "step_time"),
+                    "attention_transfer": ("ensembles", "corruption", "cost bench", "CKA", "head JSD", "attention vis")}
 
 
 def test_every_known_paper_has_metadata():
