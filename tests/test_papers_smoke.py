@@ -11,8 +11,9 @@ PAPERS = runnable_papers()
 # notebooks whose runs are asked for as grids (`PaperRun.run_many`: `--executor local|slurm` trains them as jobs), and
 # the name prefixes of the runs each may ask for one at a time (configs that depend on earlier results; measurements
 # and analyses of trained models)
-OUTSIDE_GRIDS_OK = {"bootstrapping_vit": (), "aal": ("aal_beta_", "arch_counts", "step_time"),
-                    "attention_transfer": ("ensembles", "corruption", "cost bench", "CKA", "head JSD", "attention vis")}
+OUTSIDE_GRIDS_OK = {"bootstrapping_vit": (), "head_to_head": (), "aal": ("aal_beta_", "arch_counts", "step_time"),
+                    "attention_transfer": ("ensembles", "corruption", "cost bench", "CKA", "head JSD", "attention vis"),
+                    "attndistill": ("teacher_quality",), "gta": ("pretrained-attention",), "teachers": ("random_init",)}
 
 
 def test_every_known_paper_has_metadata():
