@@ -198,7 +198,8 @@ def run_experiment(exp: Experiment, ckpt_dir=None, progress: bool = False, devic
                wall_time_s=res["wall_time_s"], images_per_s=len(tr) * res["epochs"] / train_s if train_s > 0 else None,
                losses={k[len("loss_"):]: v for k, v in last.items() if k.startswith("loss_")},
                curve=[dict(epoch=h["epoch"] + 1, top1=h["val_acc1"]) for h in res["history"] if "val_acc1" in h],
-               params=res["n_params"], params_extra=res["n_params_extra"], peak_mem_mb=round(peak, 1),
+               params=res["n_params"], params_extra=res["n_params_extra"],
+               peak_mem_mb=None if res.get("resumed_from_epoch") == res["epochs"] else round(peak, 1),
                extras={name: EXTRAS[name](model, tr_eval, va, exp) for name in exp.extras},
                device=str(next(model.parameters()).device), correct=res["final"].get("correct"))
     assert tuple(out) == RUN_FIELDS

@@ -92,12 +92,17 @@ def _estimate(terms, label):
     try: return contrast(terms, label)
     except ValueError: return None
 
+def _peak_mb(rs: list) -> float:
+    "Mean peak training memory of the runs that measured it (nan if none did: each resumed a finished checkpoint)."
+    got = [r["peak_mem_mb"] for r in rs if r.get("peak_mem_mb") is not None]
+    return float(np.mean(got)) if got else float("nan")
+
 def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> pd.DataFrame:
     """One line per row: top-1 with its 95 % interval (seeds and test images), the gain over scratch with its interval
     (paired per test image), time per training step and peak training memory as multiples of scratch's (means over
     seeds, measured in the same runs), total wall time, parameters at inference, localisation (no boxes here)."""
     sc = R[scratch]
-    sa, sc_step, sc_mem = row_arm(sc, scratch), np.mean([step_s(r) for r in sc]), np.mean([r["peak_mem_mb"] for r in sc])
+    sa, sc_step, sc_mem = row_arm(sc, scratch), np.mean([step_s(r) for r in sc]), _peak_mb(sc)
     same = lambda rs: _devices(rs) == _devices(sc)   # ratios only between runs of one device
     out = []
     for row in P["rows"]:
@@ -109,8 +114,7 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
                     "gain 95% CI": "-" if row["name"] == scratch or gain is None else _ci(gain),
                     "time/step x scratch": np.mean([step_s(r) for r in rs]) / sc_step if same(rs) else float("nan"),
                     "wall time (min)": np.mean([r["wall_time_s"] for r in rs]) / 60,
-                    "peak memory x scratch": (np.mean([r["peak_mem_mb"] for r in rs]) / sc_mem if sc_mem > 0 and same(rs)
-                                              else float("nan")),
+                    "peak memory x scratch": _peak_mb(rs) / sc_mem if sc_mem > 0 and same(rs) else float("nan"),
                     "device": ", ".join(_devices(rs)),
                     "params at inference (M)": rs[0]["params"] / 1e6,
                     "localisation": "n/a (no boxes)" if not P["data"].get("boxes") else "-"})

@@ -23,8 +23,9 @@ def test_schema_and_determinism(tmp_path):
     assert tuple(a) == RUN_FIELDS and strip(a) == strip(b)
     assert a["n_train"] == 100 and a["num_classes"] == 10 and a["epochs"] == 2 and a["steps"] == 10
     assert set(a["losses"]) == {"ce", "attn_distill"} and 0 <= a["top1"] <= 100 and a["device"] == "cpu"
-    # a finished checkpoint is reloaded, not retrained: same result
-    assert strip(run_experiment(exp, tmp_path / "a")) == strip(a)
+    # a finished checkpoint is reloaded, not retrained: same result, and no memory measured (nothing trained)
+    again = run_experiment(exp, tmp_path / "a")
+    assert strip(again) == strip(a) and again["peak_mem_mb"] is None and a["peak_mem_mb"] is not None
 
 
 def test_feature_method_has_no_top1_but_knn():
