@@ -68,9 +68,9 @@ def main(out=Path("outputs/bench"), note: str = ""):
           f"never forms them) and the student's, recomputed by the loss in its forward and again in its backward "
           f"(`losses._AttnDistillQK` keeps only q and k, so no N x N tensor outlives a block), with their softmaxes. "
           f"The ops every step runs (linear layers, GELU) differ by {d - loss_ms:+.1f} ms in all between the separately "
-          f"profiled steps. So on this CPU the floor misses the loss's own N x N work; a student whose distilled "
-          f"blocks compute attention explicitly and hand those logits to the loss would skip the recomputation "
-          f"(not implemented: it gives up fused attention, which saves memory on GPUs).\n\n"
+          f"profiled steps. So on this CPU the floor misses the loss's own N x N work; skipping the recomputation "
+          f"(explicit attention in the distilled blocks, its own logits feeding the loss) trades it for memory: "
+          f"`outputs/bench/cpu_attention_recompute.txt` measures one block both ways.\n\n"
           f"| op | what | excess ms/step | distill | plain + teacher |\n|:--|:--|--:|--:|--:|\n{rows}\n\n{head}.")
     (out / "cpu_profile_distill.md").write_text(md + "\n")
     print(md)
