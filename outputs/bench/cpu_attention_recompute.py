@@ -52,7 +52,7 @@ for _ in range(15):
     for name, fn in VARIANTS.items():
         t0 = time.perf_counter(); step(fn); times[name].append(time.perf_counter() - t0)
 commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode: commit += "-dirty"   # tracked files changed
+if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "attnrepro", __file__]).returncode: commit += "-dirty"   # code changed
 print(f"# {time.strftime('%Y-%m-%d %H:%M')} commit {commit}, torch {torch.__version__}, {platform.machine()}, "
       f"{torch.get_num_threads()} threads, 1-min load before/after {load0:.2f} / {os.getloadavg()[0]:.2f}; one block: "
       f"batch {B}, {H} heads, {N} tokens, head dim {D}, fp32, forward + backward")

@@ -29,7 +29,7 @@ def main(out=Path("outputs/bench"), note: str = ""):
     cfg = BenchConfig()
     student, teacher, opt, x, y = build_bench(cfg)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode: commit += "-dirty"   # tracked files changed
+    if subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "attnrepro", __file__]).returncode: commit += "-dirty"   # code changed
     load0 = os.getloadavg()[0]
     profs = {v: profiled(make_step(v, student, teacher, opt, cfg.distill_layers), x, y) for v in ("plain", "distill")}
     profs["teacher"] = profiled(teacher_forward_step(teacher, cfg.depth), x)
