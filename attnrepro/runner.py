@@ -15,7 +15,8 @@ from .report import PROFILES, check_profile, load_profile, paper_meta, papers_di
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'DRYRUN_DIR', 'PaperFailed', 'PaperPending', 'RunInterrupted',
            'paper_notebook', 'known_papers', 'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters',
-           'check_parameter', 'compact_progress_output', 'run_paper', 'dry_run_paper', 'reproduce', 'status']
+           'check_parameter', 'compact_progress_output', 'run_paper', 'dry_run_paper', 'reproduce', 'status',
+           'stale_runs', 'prune_runs']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
@@ -319,9 +320,55 @@ def status(root=None) -> list[dict]:
         for prof in ("mini", "smoke"):
             d = output_dir(p, prof, root)
             man = d / "manifest.json"
-            row[prof] = (dict(files=sorted(f.name for f in d.iterdir() if f.is_file()),
-                              runs=len(list((d / "runs").glob("*.json"))),
-                              profile=json.loads(man.read_text()).get("profile"))
-                         if man.exists() else None)
+            if not man.exists():
+                row[prof] = None
+                continue
+            used = {r["hash"] for r in json.loads(man.read_text()).get("runs", [])}
+            files = {p.stem for p in (d / "runs").glob("*.json")}
+            row[prof] = dict(files=sorted(f.name for f in d.iterdir() if f.is_file()), runs=len(files),
+                             unused=len(files - used), profile=json.loads(man.read_text()).get("profile"))
         rows.append(row)
     return rows
+
+# %% ../nbs/08_runner.ipynb #5d9165f2
+def _when(stamp: str):
+    from datetime import datetime
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S%z")
+
+def stale_runs(short: str, profile: str = "mini", root=None) -> dict:
+    """Run files of `short` at `profile` that its published outputs no longer use: not in `manifest.json`'s runs and
+    finished before that execution started (a run finished since may belong to a re-run in progress: kept). Returns
+    dict(stale=[run JSON paths], used=n, kept_newer=n, manifest=path). Raises ValueError when there is no published
+    manifest or it was made with --param overrides (its runs are then not the profile's grid)."""
+    root = Path(root or project_root())
+    check_profile(profile)
+    if short not in known_papers(root): raise ValueError(f"Unknown paper {short!r}; known papers: {known_papers(root)}")
+    d = output_dir(short, profile, root)
+    man_path = d / "manifest.json"
+    if not man_path.exists():
+        raise ValueError(f"{short} ({profile}) has no published outputs ({man_path}): nothing to compare its runs "
+                         f"against; publish first with `attnrepro reproduce --paper {short} --profile {profile}`")
+    man = json.loads(man_path.read_text())
+    overrides = sorted(set(man.get("parameters", {})) - set(RUNNER_PARAMS))
+    if overrides:
+        raise ValueError(f"{man_path} was made with --param {overrides}: its runs are not the {profile} profile's grid, "
+                         f"so runs it did not use may still be needed; publish without overrides first")
+    used, started = {r["hash"] for r in man.get("runs", [])}, _when(man["started"])
+    stale, newer = [], 0
+    for p in sorted((d / "runs").glob("*.json")):
+        if p.stem in used: continue
+        finished = json.loads(p.read_text()).get("finished")
+        if finished and _when(finished) < started: stale.append(p)
+        else: newer += 1
+    return dict(stale=stale, used=len(used), kept_newer=newer, manifest=man_path)
+
+def prune_runs(short: str, profile: str = "mini", root=None, dry_run: bool = True) -> dict:
+    """Delete `stale_runs` (each run's .json and its .npz of arrays, if any); `dry_run=True` only lists them. The
+    files stay in git history: `git checkout <commit> -- outputs/<paper>/runs/<hash>.json` brings one back."""
+    res = stale_runs(short, profile, root)
+    if not dry_run:
+        for p in res["stale"]:
+            p.with_suffix(".npz").unlink(missing_ok=True)
+            p.unlink()
+    return res
+

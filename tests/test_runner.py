@@ -297,3 +297,35 @@ def test_a_fresh_run_reads_as_its_cached_record(tmp_path, monkeypatch):
     cached = PaperRun("gta", "smoke", tmp_path / "out").run(dict(kind="cka"), fn)
     assert fresh == cached == dict(by_block={"3": [0.5, 0.25]}, scores={"pre-trained": 2.0, "scratch": 1.0})
     assert list(fresh["scores"]) == list(cached["scores"]) == ["pre-trained", "scratch"]
+
+
+def test_prune_deletes_only_older_runs_the_manifest_does_not_use(project, monkeypatch, capsys):
+    from attnrepro.runner import prune_runs
+    with pytest.raises(ValueError, match="no published outputs.*attnrepro reproduce --paper demo --profile mini"):
+        prune_runs("demo", "mini", root=project)
+    run_paper("demo", "mini", root=project)   # no --param: its runs are the profile's grid
+    runs = project / "outputs" / "demo" / "runs"
+    used = {f.name for f in runs.glob("*.json")}
+    old = dict(hash="0ld", name="superseded", finished="2020-01-01T00:00:00+0000")
+    (runs / "0ld.json").write_text(json.dumps(old))
+    (runs / "0ld.npz").write_bytes(b"arrays")
+    (runs / "n3w.json").write_text(json.dumps(dict(old, hash="n3w", finished="2999-01-01T00:00:00+0000")))
+    listed = prune_runs("demo", "mini", root=project)                      # dry run: lists, deletes nothing
+    assert [f.name for f in listed["stale"]] == ["0ld.json"] and listed["used"] == 2 and listed["kept_newer"] == 1
+    assert (runs / "0ld.json").exists()
+    row = {r["paper"]: r for r in status(project)}["demo"]["mini"]
+    assert row["runs"] == 4 and row["unused"] == 2
+    # the command line, from inside the project: lists without --yes, deletes with it
+    (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
+    monkeypatch.chdir(project)
+    assert main(["prune", "--paper", "demo"]) == 0 and (runs / "0ld.json").exists()
+    assert "1 unused and older: would be deleted" in capsys.readouterr().out
+    assert main(["prune", "--paper", "demo", "--yes"]) == 0
+    assert {f.name for f in runs.iterdir()} == used | {"n3w.json"}       # the .npz went with its run; newer kept
+    assert main(["prune", "--paper", "nope"]) == 2 and "Unknown paper 'nope'" in capsys.readouterr().err
+    # a manifest made with --param overrides is not the profile's grid: refuse
+    man = json.loads((project / "outputs" / "demo" / "manifest.json").read_text())
+    man["parameters"]["fail_after_first_run"] = True
+    (project / "outputs" / "demo" / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(ValueError, match=r"made with --param \['fail_after_first_run'\]"):
+        prune_runs("demo", "mini", root=project)
