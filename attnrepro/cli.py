@@ -195,10 +195,10 @@ def _prune(args) -> int:
         res = prune_runs(p, args.profile, dry_run=not args.yes)
         n = len(res["stale"])
         total += n
-        print(f"{p} ({args.profile}): {res['used']} runs used by {res['manifest']}; {n} unused and older: "
+        print(f"{p} ({args.profile}): {res['used']} runs used by {os.path.relpath(res['manifest'])}; {n} unused and older: "
               + ("deleted" if args.yes else "would be deleted") + (f"; {res['kept_newer']} newer kept (a re-run in progress?)"
                                                                   if res["kept_newer"] else ""))
-        for f in res["stale"][:5 if args.yes else None]: print(f"  {f}")
+        for f in res["stale"][:5 if args.yes else None]: print(f"  {os.path.relpath(f)}")
     if total and not args.yes: print("run again with --yes to delete them (git history keeps every committed file)")
     return 0
 
