@@ -17,10 +17,11 @@ from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile,
 from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
-__all__ = ['PROFILES', 'README_START', 'README_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'READING_START', 'READING_END',
-           'RECORD_FIELDS', 'ARRAY_REF', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported',
-           'side_by_side', 'claims_markdown', 'results_table', 'pilots_table', 'cost_section', 'reading_section',
-           'update_readme', 'show_figure', 'run_ckpt_dir', 'split_arrays', 'join_arrays', 'train_record', 'PaperRun']
+__all__ = ['PROFILES', 'README_START', 'README_END', 'CPU_DEVICE_NAMES', 'COST_START', 'COST_END', 'BENCH_FILES', 'READING_START',
+           'READING_END', 'RECORD_FIELDS', 'ARRAY_REF', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile',
+           'load_reported', 'side_by_side', 'claims_markdown', 'run_hours', 'results_table', 'pilots_table',
+           'cost_section', 'reading_section', 'update_readme', 'show_figure', 'run_ckpt_dir', 'split_arrays',
+           'join_arrays', 'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -143,8 +144,19 @@ def _regime_note(root: Path, short: str, man: dict) -> str:
     try: return load_profile(short, man.get("profile"), root).get("note", "")
     except (ValueError, FileNotFoundError): return ""
 
+CPU_DEVICE_NAMES = {"x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "arm", "ppc64le", "s390x", "riscv64"}
+
+def run_hours(manifest: dict) -> str:
+    """The sum of the wall times of a manifest's runs in hours, and how many of them trained on a GPU (a recorded
+    device name that is not a CPU architecture: `platform.machine()` names the CPU, torch the GPU)."""
+    runs = manifest.get("runs", [])
+    hours = sum(r.get("wall_time_s") or 0 for r in runs) / 3600
+    gpu = sum(1 for r in runs if r.get("device") and str(r["device"]).lower() not in CPU_DEVICE_NAMES)
+    return f"{hours:.1f}" + (f" ({gpu} of {len(runs)} runs on a GPU)" if gpu else "")
+
 def results_table(root=None) -> str:
-    "The README's results table, from every committed `outputs/<paper>/claims.csv` (mini profile)."
+    """The README's results table, from every committed `outputs/<paper>/claims.csv` (mini profile); `run hours` is
+    what its runs cost (`run_hours`)."""
     root = Path(root or project_root())
     rows = []
     for d in sorted(p for p in (root / "outputs").iterdir() if (p / "claims.csv").is_file() and (p / "manifest.json").is_file()):
@@ -157,7 +169,7 @@ def results_table(root=None) -> str:
         regime = _regime_note(root, d.name, man)
         regime = regime.split(":", 1)[1].strip() if regime.upper().startswith(("MINI PROFILE", "SMOKE PROFILE")) else regime
         rows.append({"paper": f"[{d.name}](outputs/{d.name}/claims.md)", "profile": man.get("profile", ""),
-                     "runs": len(man.get("runs", [])), **{v: int(counts.get(v, 0)) for v in VERDICTS},
+                     "runs": len(man.get("runs", [])), "run hours": run_hours(man), **{v: int(counts.get(v, 0)) for v in VERDICTS},
                      "claims": "; ".join(f"{i}: {v}" for i, v in zip(cl["id"], cl["verdict"])), "regime": regime})
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
 

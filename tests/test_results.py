@@ -71,6 +71,14 @@ def test_readme_results_table_is_generated_from_the_claims():
     assert not update_readme(check=True), "README.md's results table is stale: run `.venv/bin/attnrepro readme`"
 
 
+def test_run_hours_sums_the_manifest_runs_and_counts_gpu_ones():
+    from attnrepro.report import run_hours
+    runs = [dict(wall_time_s=5400, device="x86_64"), dict(wall_time_s=1800, device="NVIDIA H100 80GB HBM3"),
+            dict(wall_time_s=None, device=None), dict(wall_time_s=3600, device="arm64")]
+    assert run_hours({"runs": runs}) == "3.0 (1 of 4 runs on a GPU)"
+    assert run_hours({"runs": runs[:1]}) == "1.5" and run_hours({}) == "0.0"
+
+
 def test_pilots_table_reads_every_mini_pilot(tmp_path):
     "The README's pilot rows come from the pilot tables of mini outputs only, one row per method arm."
     import json
