@@ -233,7 +233,7 @@ def test_readme_cli_commands_parse_and_the_quick_ones_run(capsys):
         args = build_parser().parse_args(c)
         assert not getattr(args, "paper", None) or set(args.paper) <= set(known_papers()), c
     assert main(["list"]) == 0 and "--param: seeds=None" in capsys.readouterr().out   # settable parameters shown
-    for c in (["datasets"], ["readme", "--check"]):
+    for c in (["datasets"], ["readme", "--check"], ["prune"]):   # prune without --yes only lists
         assert main(c) == 0, (c, capsys.readouterr())
 
 
