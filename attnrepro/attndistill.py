@@ -1074,7 +1074,9 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
                         f"attn term % of loss (ours, {profile})": 100 * sh["attn_share"], "variant": var})
         rows.append(row)
     t10 = pd.DataFrame(rows)
-    t10["seed_line"] = t10.seed_line.astype("Int64")
+    t10["seed_line"], t10["seeds"] = t10.seed_line.astype("Int64"), t10.seeds.astype("Int64")
+    t10.attrs["floatfmt"] = {**{f"{c} (ours, {profile})": ".3g" for c in ("L_feat", "L_a raw", "lambda x L_a")},
+                             f"attn term % of loss (ours, {profile})": ".1f"}   # the losses are ~1e-3: 2 decimals show 0
     return t10, (
         "Table 10, all six groups: linear-probe top-1/top-5 (%); ours at the SHORT schedule "
         f"({P['short']['train']['epochs']} epoch(s) over {train_note(P)}; seed 0, or the mean over the reference pair's "
@@ -1085,8 +1087,8 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
         "(f) 'AttnDistill' repeats line 141. "
         + ("" if profile == "paper" else "Proxy: ImageNet-Subset -> Tiny-ImageNet subset at 64 px. ") +
         "Loss terms, last epoch's means (seed 0): L_feat (feature regression), L_a raw (the attention KL/MSE, unweighted), "
-        "lambda x L_a, and attn term % of loss = 100 lambda x L_a / total loss (the aggregated-head rows' attention "
-        "term is ~1 %: log-sum aggregation at T = 10 flattens both maps, as in the official code; see the note below). "
+        "lambda x L_a, and attn term % of loss = 100 lambda x L_a / total loss (where heads are aggregated, log-sum at "
+        "T = 10 flattens both maps, as in the official code, so the attention term weighs far less; see the note below). "
         + f"Claims on these rows: {S.spread_note}.")
 
 def table_10_reference(teacher_q: Mapping, curves: Mapping, profile: str) -> tuple[pd.DataFrame, str]:

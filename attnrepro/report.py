@@ -19,9 +19,9 @@ from .verdicts import VERDICTS, Verdict
 # %% auto #0
 __all__ = ['PROFILES', 'README_START', 'README_END', 'CPU_DEVICE_NAMES', 'COST_START', 'COST_END', 'BENCH_FILES', 'READING_START',
            'READING_END', 'RECORD_FIELDS', 'ARRAY_REF', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile',
-           'load_reported', 'side_by_side', 'claims_markdown', 'run_hours', 'results_table', 'pilots_table',
-           'cost_section', 'reading_section', 'update_readme', 'show_figure', 'run_ckpt_dir', 'split_arrays',
-           'join_arrays', 'train_record', 'PaperRun']
+           'load_reported', 'side_by_side', 'claims_markdown', 'table_markdown', 'run_hours', 'results_table',
+           'pilots_table', 'cost_section', 'reading_section', 'update_readme', 'show_figure', 'run_ckpt_dir',
+           'split_arrays', 'join_arrays', 'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "paper")
@@ -145,6 +145,16 @@ def _regime_note(root: Path, short: str, man: dict) -> str:
     except (ValueError, FileNotFoundError): return ""
 
 CPU_DEVICE_NAMES = {"x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "arm", "ppc64le", "s390x", "riscv64"}
+
+def table_markdown(df: pd.DataFrame) -> str:
+    """`df` as a markdown table, numbers to 2 decimals, or in the format `df.attrs["floatfmt"]` gives its column (e.g.
+    `{"L_feat": ".3g"}` for small losses); numbers in a column that also holds text (a reason a row is empty) as well."""
+    fmt = {c: df.attrs.get("floatfmt", {}).get(c, ".2f") for c in df.columns}
+    shown = df.copy()
+    for c in shown.columns:
+        if shown[c].dtype == object:   # tabulate prints a mixed column's floats unformatted
+            shown[c] = shown[c].map(lambda v, f=fmt[c]: format(v, f) if isinstance(v, float) and math.isfinite(v) else v)
+    return shown.to_markdown(index=False, floatfmt=tuple(fmt[c] for c in shown.columns))
 
 def run_hours(manifest: dict) -> str:
     """The sum of the wall times of a manifest's runs in hours, and how many of them trained on a GPU (a recorded
@@ -456,7 +466,7 @@ class PaperRun:
         note = df.attrs.get("note")
         prov = _current_cell(self._cells, self._nb_label)
         md = (f"**Table {table_id}** ({self.label}). {caption}\n\n" + (f"{note}\n\n" if note else "")
-              + df.to_markdown(index=False, floatfmt=".2f") + "\n" + (f"\n_Produced by {prov}._\n" if prov else ""))
+              + table_markdown(df) + "\n" + (f"\n_Produced by {prov}._\n" if prov else ""))
         if prov: self.provenance.update({f"table_{table_id}.csv": prov, f"table_{table_id}.md": prov})
         atomic_write_text(self.out_dir / f"table_{table_id}.md", md)
         self.outputs += [f"table_{table_id}.csv", f"table_{table_id}.md"]

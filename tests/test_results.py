@@ -155,3 +155,15 @@ def test_readme_regime_is_the_one_that_produced_the_results(tmp_path):
     assert _regime_note(tmp_path, "p", {"profile": "mini", "note": "recorded"}) == "recorded"
     assert _regime_note(tmp_path, "p", {"profile": "mini", "git_commit": old + "-dirty"}) == "MINI PROFILE: old regime"
     assert _regime_note(tmp_path, "p", {"profile": "mini", "git_commit": "0" * 40}) == "MINI PROFILE: next re-run"
+
+
+def test_table_markdown_formats_numbers_in_mixed_columns_and_per_column():
+    import pandas as pd
+    from attnrepro.report import table_markdown
+    df = pd.DataFrame({"top1": [8.716666666666667, "not reproducible offline: no data"], "loss": [0.002105, float("nan")],
+                       "share": [72.978, 0.0]})
+    df.attrs["floatfmt"] = {"loss": ".3g", "share": ".1f"}
+    md = table_markdown(df)
+    assert "| 8.72 " in md and "8.7166" not in md and "not reproducible offline: no data" in md
+    assert "0.00211" in md and "73.0" in md and "72.98" not in md
+    assert df["top1"][0] == 8.716666666666667   # the table (and its csv) keeps the full number
