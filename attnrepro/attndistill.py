@@ -1076,6 +1076,7 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
     t10 = pd.DataFrame(rows)
     t10["seed_line"], t10["seeds"] = t10.seed_line.astype("Int64"), t10.seeds.astype("Int64")
     t10.attrs["floatfmt"] = {**{f"{c} (ours, {profile})": ".3g" for c in ("L_feat", "L_a raw", "lambda x L_a")},
+                             f"top1_lp (ours, {profile})": ".2f",   # numbers beside the unavailable rows' reasons
                              f"attn term % of loss (ours, {profile})": ".1f"}   # the losses are ~1e-3: 2 decimals show 0
     return t10, (
         "Table 10, all six groups: linear-probe top-1/top-5 (%); ours at the SHORT schedule "

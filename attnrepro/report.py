@@ -148,10 +148,12 @@ CPU_DEVICE_NAMES = {"x86_64", "amd64", "i386", "i686", "aarch64", "arm64", "arm"
 
 def table_markdown(df: pd.DataFrame) -> str:
     """`df` as a markdown table, numbers to 2 decimals, or in the format `df.attrs["floatfmt"]` gives its column (e.g.
-    `{"L_feat": ".3g"}` for small losses); numbers in a column that also holds text (a reason a row is empty) as well."""
-    fmt = {c: df.attrs.get("floatfmt", {}).get(c, ".2f") for c in df.columns}
+    `{"L_feat": ".3g"}` for small losses). A column that also holds text (a reason a row is empty) prints its numbers
+    as they are (recipe tables: 1.5e-4 stays readable) unless `floatfmt` names it."""
+    given = df.attrs.get("floatfmt", {})
+    fmt = {c: given.get(c, ".2f") for c in df.columns}
     shown = df.copy()
-    for c in shown.columns:
+    for c in (c for c in shown.columns if c in given):
         if shown[c].dtype == object:   # tabulate prints a mixed column's floats unformatted
             shown[c] = shown[c].map(lambda v, f=fmt[c]: format(v, f) if isinstance(v, float) and math.isfinite(v) else v)
     return shown.to_markdown(index=False, floatfmt=tuple(fmt[c] for c in shown.columns))
