@@ -756,14 +756,15 @@ def plot_sweeps(studies: Sequence[tuple[str, pd.DataFrame, float]], sd: float | 
     """Figure 8: per (name, rows with value / lp_top1 / paper, PA baseline) our LP top-1 against the swept value (bars:
     the borrowed seed sd `sd`) and the paper's on a second axis."""
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(studies), figsize=(6.5, 2.8))
+    fig, axes = plt.subplots(1, len(studies), figsize=(6.5, 3.1))
     for ax, (name, d, pa) in zip(axes, studies):
         l1 = ax.errorbar(d.value, d.lp_top1, yerr=sd, fmt="o-", capsize=2, label=f"ours ({profile}, left axis; bars: borrowed seed sd)")
         ax2 = ax.twinx(); l2, = ax2.plot(d.value, d.paper, "s--", color="gray", label="paper (right axis)")
-        ax2.set_ylabel("paper LP top-1", fontsize=7); ax.legend(handles=[l1, l2], fontsize=6)
+        ax2.set_ylabel("paper LP top-1", fontsize=7)
         ax.set_xscale("log"); ax.set_xlabel(name); ax.set_ylabel("ours LP top-1 (%)", fontsize=7)
         ax.set_title(f"{name} (PA baseline: {pa:.1f})", fontsize=8)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.legend(handles=[l1, l2], loc="lower center", ncol=2, fontsize=7, frameon=False)   # below: clear of the curves
+    fig.tight_layout(rect=(0, 0.08, 1, 0.93))
     return fig
 
 def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_grid, students: Mapping[str, tuple],
