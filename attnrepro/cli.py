@@ -130,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':20s} --param: " + ", ".join(f"{k}={v}" for k, v in row["parameters"].items()))
                 for prof in ("mini", "smoke"):
                     if row[prof]: print(f"{'':20s} {prof}: {len(row[prof]['files'])} files, {row[prof]['runs']} runs" +
-                                        (f" ({row[prof]['unused']} not in the manifest: `attnrepro prune`)"
-                                         if row[prof]["unused"] else ""))
+                                        (f" ({row[prof]['unused']} not in the manifest" + (f", {row[prof]['stale']} of "
+                                         "them superseded: `attnrepro prune`" if row[prof]["stale"] else ": newer, a "
+                                         "re-run in progress?") + ")" if row[prof]["unused"] else ""))
             return 0
         if args.command == "prune":
             return _prune(args)

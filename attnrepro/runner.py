@@ -325,8 +325,10 @@ def status(root=None) -> list[dict]:
                 continue
             used = {r["hash"] for r in json.loads(man.read_text()).get("runs", [])}
             files = {p.stem for p in (d / "runs").glob("*.json")}
+            try: stale = len(stale_runs(p, prof, root)["stale"])
+            except ValueError: stale = 0   # a manifest made with --param overrides: prune refuses it
             row[prof] = dict(files=sorted(f.name for f in d.iterdir() if f.is_file()), runs=len(files),
-                             unused=len(files - used), profile=json.loads(man.read_text()).get("profile"))
+                             unused=len(files - used), stale=stale, profile=json.loads(man.read_text()).get("profile"))
         rows.append(row)
     return rows
 

@@ -314,7 +314,7 @@ def test_prune_deletes_only_older_runs_the_manifest_does_not_use(project, monkey
     assert [f.name for f in listed["stale"]] == ["0ld.json"] and listed["used"] == 2 and listed["kept_newer"] == 1
     assert (runs / "0ld.json").exists()
     row = {r["paper"]: r for r in status(project)}["demo"]["mini"]
-    assert row["runs"] == 4 and row["unused"] == 2
+    assert row["runs"] == 4 and row["unused"] == 2 and row["stale"] == 1
     # the command line, from inside the project: lists without --yes, deletes with it
     (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")
     monkeypatch.chdir(project)
