@@ -189,8 +189,8 @@ def _check_executor(args) -> None:
         except ImportError as e: raise ValueError(str(e)) from None
 
 def _prune(args) -> int:
-    from attnrepro.runner import output_dir, prune_runs, status
-    papers = args.paper or [r["paper"] for r in status() if (output_dir(r["paper"], args.profile) / "manifest.json").exists()]
+    from attnrepro.runner import known_papers, output_dir, prune_runs
+    papers = args.paper or [p for p in known_papers() if (output_dir(p, args.profile) / "manifest.json").exists()]
     total = 0
     for p in papers:
         res = prune_runs(p, args.profile, dry_run=not args.yes)
