@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_train.ipynb #b79e51c6
 from __future__ import annotations
-import atexit, contextlib, dataclasses, itertools, json, math, os, platform, random, time
+import atexit, collections, contextlib, dataclasses, itertools, json, math, os, platform, random, time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -25,6 +25,7 @@ from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
 from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
+from .data import SyntheticImageDataset
 from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
@@ -1228,15 +1229,48 @@ class _Take:
     @property
     def dataset(self): return self.loader.dataset
 
+_HELD_SYNTHETIC: collections.OrderedDict = collections.OrderedDict()   # key -> (batches, load_s); the last few
+
+def _signature(x):
+    "Shapes and dtypes of a sample (nested lists/tuples of tensors, e.g. multi-crop views), or its type."
+    if isinstance(x, torch.Tensor): return (tuple(x.shape), str(x.dtype))
+    if isinstance(x, (list, tuple)): return tuple(_signature(v) for v in x)
+    return type(x).__name__
+
+def _synthetic_key(loader, k: int) -> tuple | None:
+    """What makes the first `k` batches of `loader` interchangeable with another loader's for timing a step: the same
+    dry-run stand-in (`data.SyntheticImageDataset`, possibly in `Subset`s), one sample's shapes after its transform,
+    the same collate function and batch. None when the data is real or the collate function cannot be named."""
+    if not isinstance(loader, DataLoader): return None
+    ds, sizes = loader.dataset, []
+    while isinstance(ds, torch.utils.data.Subset): sizes.append(len(ds)); ds = ds.dataset
+    if not isinstance(ds, SyntheticImageDataset): return None
+    fn = loader.collate_fn
+    collate = f"{fn.__module__}.{fn.__qualname__}" if hasattr(fn, "__qualname__") else repr(fn)
+    if " at 0x" in collate: return None
+    return (repr(ds), tuple(sizes), _signature(ds[0]), collate, loader.batch_size, loader.drop_last, k)
+
 class _Held(_Take):
     """A dry run's loader: the first `k` batches (one optimiser step's worth) fetched once, then replayed for `n`
     batches, so the timed steps are the step alone, not the data pipeline (synthetic stand-ins decode nothing, and a
-    few steps cannot warm real workers up); `load_s`: seconds the loader took to deliver those `k` batches, cold."""
+    few steps cannot warm real workers up); `load_s`: seconds the loader took to deliver those `k` batches, cold.
+    Synthetic batches are drawn once per stand-in, transform and batch size and reused by later runs (random pixels:
+    a step costs the same on any of them; drawing 1024 augmented images took longer than the step on a GPU), with
+    the first draw's `load_s`."""
     def __init__(self, loader, n: int, k: int = 1):
         super().__init__(loader, n)
+        k = max(1, min(k, self.n))
+        key = _synthetic_key(loader, k)
+        if key is not None and key in _HELD_SYNTHETIC:
+            _HELD_SYNTHETIC.move_to_end(key)
+            self.batches, self.load_s = _HELD_SYNTHETIC[key]
+            return
         t, it = time.perf_counter(), iter(loader)
-        self.batches = list(itertools.islice(it, max(1, min(k, self.n))))
+        self.batches = list(itertools.islice(it, k))
         self.load_s = time.perf_counter() - t
+        if key is not None:
+            _HELD_SYNTHETIC[key] = (self.batches, self.load_s)
+            while len(_HELD_SYNTHETIC) > 4: _HELD_SYNTHETIC.popitem(last=False)   # a train and a val key per run
     def __iter__(self): return (self.batches[i % len(self.batches)] for i in range(self.n))
 
 def _proc_kb(key: str) -> float | None:

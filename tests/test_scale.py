@@ -256,6 +256,37 @@ def test_dry_fit_times_the_step_on_held_batches(env, monkeypatch):
     assert p["steps_timed"] == 3 and p["load_s"] > 0 and p["step_s_timed"] > 0
 
 
+def test_dry_fit_reuses_synthetic_batches_across_runs(env, monkeypatch):
+    "Runs on the same synthetic stand-in, sample shapes and batch reuse the first run's held batches and its load_s."
+    import collections
+    import numpy as np
+    import torch
+    import attnrepro.train as train
+    from attnrepro.data import SyntheticImageDataset
+    from attnrepro.train import TrainConfig, fit
+    monkeypatch.setattr(train, "_HELD_SYNTHETIC", collections.OrderedDict())
+    served = []
+    class Counted(SyntheticImageDataset):
+        def __getitem__(self, i): served.append(i); return super().__getitem__(i)
+    def to_tensor(side):
+        return lambda img: torch.from_numpy(np.asarray(img)[:side, :side]).permute(2, 0, 1).float() / 255
+    def probe(side, n=64):
+        served.clear()
+        data = Counted(n, 4, 8, to_tensor(side), name="stand-in", split="train")
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * side * side, 4))
+        p = fit(model, data, None, TrainConfig(epochs=1, batch_size=8, warmup_epochs=0), ckpt_dir=env,
+                progress=False)["dry_run"]
+        return p, len(served)
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "2")
+    first, n_first = probe(8)
+    again, n_again = probe(8)
+    assert n_first == 1 + 8 and n_again == 1   # one sample for the shapes, then the held batch is reused
+    assert again["load_s"] == first["load_s"] and again["step_s_timed"] > 0
+    assert probe(4)[1] == 1 + 8                 # other sample shapes: drawn again
+    assert probe(8, n=128)[1] == 1 + 8          # another stand-in: drawn again
+    assert probe(8)[1] == 1                     # the first key is still held (the last 4 are kept)
+
+
 def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
     "The slurm path against stand-ins for sbatch / sacct / srun: the job script, markers, live and stale jobs, gathering."
     from attnrepro.report import train_record
