@@ -13,9 +13,10 @@ from .core import atomic_write_json, cache_dir, config_hash
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'SLURM_ENV', 'SLURM_LIVE', 'JOB_LIVE', 'PROBES', 'COUNT_COLUMNS', 'RunsPending', 'GridFailed',
-           'executor_name', 'waits', 'require_submitit', 'slurm_parameters', 'local_slots', 'jobs_dir', 'make_executor',
-           'ProcessCache', 'marker_path', 'read_marker', 'job_live', 'RunJob', 'run_grid', 'dry_run_steps',
-           'dry_run_cpu_batch', 'record_probe', 'dry_call', 'read_probes', 'cost_table', 'cost_markdown']
+           'executor_name', 'waits', 'require_submitit', 'slurm_parameters', 'local_slots', 'job_threads', 'jobs_dir',
+           'make_executor', 'ProcessCache', 'marker_path', 'read_marker', 'job_live', 'RunJob', 'run_grid',
+           'dry_run_steps', 'dry_run_cpu_batch', 'record_probe', 'dry_call', 'read_probes', 'cost_table',
+           'cost_markdown']
 
 # %% ../nbs/21_scale.ipynb #48be25e1
 EXECUTORS = ("serial", "local", "slurm")
@@ -93,6 +94,13 @@ def local_slots() -> int:
         import torch
         return max(1, torch.cuda.device_count())
     except ImportError: return 1
+
+def job_threads(slots: int) -> int | None:
+    """CPU threads for each of `slots` local jobs running at once: the machine's cores shared out (each job would
+    otherwise take them all); None (torch's own choice) when `OMP_NUM_THREADS` says. On a 2-core CPU two single-thread
+    jobs took 40 s per epoch of a bootstrapping_vit mini run each, one two-thread run 26.7 s: ~1.3x the throughput."""
+    if os.environ.get("OMP_NUM_THREADS", "").strip(): return None
+    return max(1, (os.cpu_count() or 1) // max(1, slots))
 
 def jobs_dir(paper: str, profile: str) -> Path:
     "submitit's folder for job pickles and logs: `$ATTNREPRO_JOBS_DIR/<paper>/<profile>`, else `<cache>/jobs/<paper>/<profile>`."
@@ -179,10 +187,14 @@ class RunJob:
     config: Any
     fn: Callable
     force: bool = False
+    threads: int | None = None   # torch CPU threads in this job (`job_threads`); None: torch's default
 
     def __call__(self) -> str:
         from attnrepro.report import train_record
         os.environ["ATTNREPRO_EXECUTOR"] = "serial"   # a run `fn` needs on the way (a dependency) trains in this job
+        if self.threads:
+            import torch
+            torch.set_num_threads(self.threads)
         h = config_hash(self.config)
         rank = _export_distributed()
         if (Path(self.runs_dir) / f"{h}.json").exists() and not self.force: return h   # finished meanwhile
@@ -246,7 +258,8 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
         gpu = free_gpus.pop(0) if gpus else None
         ex = make_executor(executor, pr.paper, pr.profile, gpu)
         name, config = grid[h]
-        job = ex.submit(RunJob(str(pr.runs_dir), pr.paper, pr.profile, name, config, fn, pr.force))
+        job = ex.submit(RunJob(str(pr.runs_dir), pr.paper, pr.profile, name, config, fn, pr.force,
+                               job_threads(slots) if executor == "local" else None))
         atomic_write_json(marker_path(pr.runs_dir, h), dict(job_id=str(job.job_id), executor=executor, name=name,
                           folder=str(job.paths.folder), submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                           submitted_s=time.time(), host=socket.gethostname()))

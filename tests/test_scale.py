@@ -67,6 +67,22 @@ def test_local_executor_runs_in_separate_processes_and_equals_serial(env, monkey
     assert out.count("[grid] submitted") == 1 and "arm a seed 2" in out
 
 
+def test_local_jobs_share_the_cpu_cores(env, monkeypatch):
+    "Local jobs get the machine's cores shared out (each would otherwise take them all), unless OMP_NUM_THREADS says."
+    from attnrepro.scale import job_threads
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    monkeypatch.setenv("ATTNREPRO_LOCAL_JOBS", "2")
+    def fn(cfg, ckpt_dir):
+        import torch
+        return {"threads": torch.get_num_threads()}
+    res = PaperRun("grid", "smoke", env).run_many([("a", {"arm": "a"}), ("b", {"arm": "b"})], fn)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    assert [r["threads"] for r in res] == [share, share] and job_threads(2) == share and job_threads(10**6) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert job_threads(2) is None   # the user's setting stands
+
+
 def test_dependencies_finish_first(env, monkeypatch):
     "A run that needs another run of the grid (a teacher) is submitted once that run has its result."
     monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
