@@ -324,12 +324,13 @@ def status(root=None) -> list[dict]:
             if not man.exists():
                 row[prof] = None
                 continue
-            used = {r["hash"] for r in json.loads(man.read_text()).get("runs", [])}
+            manifest = json.loads(man.read_text())
             files = {p.stem for p in (d / "runs").glob("*.json")}
+            unused = len(files - {r["hash"] for r in manifest.get("runs", [])})
             try: stale = len(stale_runs(p, prof, root)["stale"])
             except ValueError: stale = 0   # a manifest made with --param overrides: prune refuses it
             row[prof] = dict(files=sorted(f.name for f in d.iterdir() if f.is_file()), runs=len(files),
-                             unused=len(files - used), stale=stale, profile=json.loads(man.read_text()).get("profile"))
+                             unused=unused, stale=stale, profile=manifest.get("profile"))
         rows.append(row)
     return rows
 
