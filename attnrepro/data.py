@@ -707,7 +707,11 @@ def train_transform(preset: str, img_size: int):
     _check_preset(preset)
     if preset == "none": return eval_transform(img_size)
     head, tail = train_crop(img_size) + [T.RandomHorizontalFlip()], [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
-    if preset == "weak": return T.Compose(head + tail)
+    if preset == "weak":
+        t = T.Compose(head + tail)
+        # what fit's batched path (train.BatchAugmentLoader) needs to apply the same augmentation to a whole batch
+        if img_size <= 64: t.batch_augment = dict(size=img_size, pad=img_size // 8, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+        return t
     from timm.data.random_erasing import RandomErasing
     return T.Compose(head + [rand_augment(img_size)] + tail + [RandomErasing(0.25, mode="pixel", device="cpu")])
 

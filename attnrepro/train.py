@@ -25,7 +25,7 @@ from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
 from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
-from .data import SyntheticImageDataset
+from .data import ArrayImageDataset, SyntheticImageDataset
 from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
@@ -33,8 +33,8 @@ __all__ = ['Schedule', 'TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'Loss
            'ce_term', 'Method', 'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass',
            'execute_teacher_passes', 'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS',
            'param_groups', 'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed',
-           'ShardSampler', 'topk_correct', 'evaluate', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
-           'load_checkpoint', 'max_device_batch', 'fit']
+           'ShardSampler', 'topk_correct', 'evaluate', 'batch_augment_mode', 'BatchAugmentLoader', 'NonFiniteLossError',
+           'to_device', 'RunState', 'train_one_epoch', 'load_checkpoint', 'max_device_batch', 'fit']
 
 # %% ../nbs/06_train.ipynb #f8d9c0c6
 Schedule = Callable[[int], float]
@@ -797,6 +797,67 @@ def evaluate(model: nn.Module, loader, device: torch.device | str | None = None,
     return out
 
 # %% ../nbs/06_train.ipynb #14966272
+def _array_source(data):
+    "(ArrayImageDataset, indices into its arrays) behind `data` (possibly nested `Subset`s), else (None, None)."
+    idx = None
+    while isinstance(data, torch.utils.data.Subset):
+        idx = list(data.indices) if idx is None else [data.indices[i] for i in idx]
+        data = data.dataset
+    if type(data) is not ArrayImageDataset: return None, None   # FileImageDataset decodes files: not in memory
+    return data, (np.arange(len(data)) if idx is None else np.asarray(idx, dtype=np.int64))
+
+def batch_augment_mode(device: torch.device) -> bool:
+    """Whether `fit` augments training batches as a whole on the training device (`BatchAugmentLoader`) where the data
+    allows: `ATTNREPRO_BATCH_AUGMENT` 1 / 0, default on for CUDA (it spares the host CPU that several GPU jobs share)
+    and off on the CPU (where the committed runs were made per image; there it is 1.4 ms against 9.0 ms per batch of
+    64 images at 32 px, ~3 % of a bootstrapping_vit mini step)."""
+    raw = os.environ.get("ATTNREPRO_BATCH_AUGMENT", "").strip().lower()
+    if raw in ("", "auto"): return device.type == "cuda"
+    if raw in ("1", "true", "yes", "on"): return True
+    if raw in ("0", "false", "no", "off"): return False
+    raise ValueError(f"ATTNREPRO_BATCH_AUGMENT={raw!r}: use 1, 0 or auto")
+
+class BatchAugmentLoader:
+    """Training batches of an in-memory image array (`data.ArrayImageDataset`) with the 'weak' preset
+    (`data.train_transform`: reflect-padded random crop, horizontal flip, normalise) applied to each batch at once on
+    `device`, where the uint8 images are held. The same augmentation as the per-image PIL path with the same batch order
+    (the sampler draws the indices); its random crops and flips come from torch's global generator, so checkpoints
+    resume it the same way (a different stream from the per-image path's: same distribution, other draws)."""
+    def __init__(self, data, batch_size: int, sampler, drop_last: bool, device: torch.device):
+        base, idx = _array_source(data)
+        spec = getattr(base.transform, "batch_augment", None) if base is not None else None
+        if spec is None or tuple(base.images.shape[1:3]) != (spec["size"], spec["size"]):
+            raise ValueError("BatchAugmentLoader needs an ArrayImageDataset of img_size-square images with "
+                             "train_transform('weak', img_size), img_size <= 64")
+        self.dataset, self.sampler, self.device, self.spec = data, sampler, device, spec
+        self.batch_sampler = torch.utils.data.BatchSampler(sampler, batch_size, drop_last)
+        self.images = torch.as_tensor(np.asarray(base.images)[idx]).permute(0, 3, 1, 2).contiguous().to(device)
+        self.targets = torch.as_tensor(np.asarray(base.targets)[idx], dtype=torch.long).to(device)
+        self.mean = torch.tensor(spec["mean"], device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(spec["std"], device=device).view(1, 3, 1, 1)
+
+    def __len__(self): return len(self.batch_sampler)
+
+    def augment(self, x: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
+        "uint8 (B, 3, s, s) -> normalised float crops at `offsets` (B, 2: top, left of the padded image), flipped where `flips`."
+        s, p, n = self.spec["size"], self.spec["pad"], len(x)
+        x = F.pad(x.float(), (p, p, p, p), mode="reflect") if p else x.float()
+        r = torch.arange(s, device=x.device)
+        rows = (offsets[:, :1].to(x.device) + r)[:, None, :, None]
+        cols = offsets[:, 1:].to(x.device) + r
+        cols = torch.where(flips.to(x.device)[:, None], cols.flip(1), cols)[:, None, None, :]
+        x = x[torch.arange(n, device=x.device)[:, None, None, None], torch.arange(3, device=x.device)[None, :, None, None],
+              rows, cols]
+        return (x / 255 - self.mean) / self.std
+
+    def __iter__(self):
+        p = self.spec["pad"]
+        for batch in self.batch_sampler:
+            idx = torch.as_tensor(batch, device=self.device)
+            offsets = torch.randint(0, 2 * p + 1, (len(batch), 2))   # torchvision RandomCrop's, then the flip's draw
+            flips = torch.rand(len(batch)) < 0.5
+            yield self.augment(self.images[idx], offsets, flips), self.targets[idx]
+
 def _loaders(train_data, val_data, cfg: TrainConfig, device: torch.device):
     gen = torch.Generator(); gen.manual_seed(cfg.seed)
     rank, world = _rank(), _world()
@@ -809,8 +870,13 @@ def _loaders(train_data, val_data, cfg: TrainConfig, device: torch.device):
     else:
         sampler = (DistributedSampler(train_data, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed,
                                       drop_last=True) if world > 1 else RandomSampler(train_data, generator=gen))
-        train = DataLoader(train_data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
-                           generator=gen, **kw)
+        base = _array_source(train_data)[0]
+        spec = getattr(getattr(base, "transform", None), "batch_augment", None)
+        if (spec is not None and tuple(base.images.shape[1:3]) == (spec["size"],) * 2 and batch_augment_mode(device)):
+            train = BatchAugmentLoader(train_data, cfg.batch_size, sampler, True, device)
+        else:
+            train = DataLoader(train_data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
+                               generator=gen, **kw)
     if len(train) == 0:
         raise ValueError(f"The training data ({len(train.dataset)} samples, {world} process(es)) gives no full batch "
                          f"of batch_size={cfg.batch_size}; lower batch_size.")
@@ -847,6 +913,7 @@ class RunState:
     mixup: SeededMixup | None = None
     ema: ModelEmaV3 | None = None
     step: int = 0                     # global step
+    augment_batched: bool = False     # training batches from `BatchAugmentLoader`
 
     @property
     def modules(self) -> dict: return self.method.extra_modules
@@ -1041,7 +1108,7 @@ def _result(run: RunState, history, best, wall, resumed_from, n_params) -> dict:
                 history=history, wall_time_s=wall, lr_effective=run.lr, world_size=_world(),
                 global_batch=cfg.global_batch(_world()), accum_steps=cfg.accum_steps,
                 amp_dtype="bfloat16" if cfg.amp else None,   # the autocast dtype of train_one_epoch and evaluate
-                device=str(run.device), resumed_from_epoch=resumed_from, **n_params)
+                device=str(run.device), resumed_from_epoch=resumed_from, augment_batched=run.augment_batched, **n_params)
 
 def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method | None = None,
         ckpt_dir: Path | str | None = None, progress: bool = True,
@@ -1105,7 +1172,8 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                         n_params_extra=sum(p.numel() for p in extra_params))
         run = RunState(model=model, train_model=model, method=method, cfg=cfg, optimizer=optimizer, device=device,
                        steps_per_epoch=-(-len(train_loader) // cfg.accum_steps), lr=cfg.effective_lr(world), params=params,
-                       extra_params=extra_params, mixup=mixup, ema=ema)
+                       extra_params=extra_params, mixup=mixup, ema=ema,
+                       augment_batched=isinstance(train_loader, BatchAugmentLoader))
 
         # resume
         ckpt = Path(ckpt_dir) / CKPT_NAME if ckpt_dir is not None else None

@@ -673,7 +673,12 @@ def before_forward(ctx):
 method = Method([ce_term()], name="mid_epoch", before_forward=before_forward)
 cfg = TrainConfig(epochs=3, batch_size=16, lr=1e-3, warmup_epochs=1, mixup=0.8, cutmix=1.0, label_smoothing=0.1, seed=3,
                   accum_steps=accum)
-res = fit(model, toy_data(n), toy_data(32, seed=1), cfg, method=method, ckpt_dir=ckpt_dir, progress=False,
+train = toy_data(n)
+if os.environ.get("TOY_AS_ARRAY"):   # uint8 images + the 'weak' preset: fit's batched augmentation path
+    from attnrepro.data import ArrayImageDataset, train_transform
+    u8 = ((train.tensors[0].clamp(-2, 2) + 2) / 4 * 255).round().byte().permute(0, 2, 3, 1).numpy()
+    train = ArrayImageDataset(u8, train.tensors[1].tolist(), list(range(4)), train_transform("weak", 16))
+res = fit(model, train, toy_data(32, seed=1), cfg, method=method, ckpt_dir=ckpt_dir, progress=False,
           ckpt_interval_s=0)   # checkpoint after every optimiser step
 torch.save(model.state_dict(), out + ".pt")
 json.dump(res, open(out + ".json", "w"))
@@ -699,6 +704,72 @@ def test_mid_epoch_checkpoint_resumes_exactly(tmp_path):
     ra, rb = json.loads((tmp_path / "a_out.json").read_text()), json.loads((tmp_path / "b_out.json").read_text())
     strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
     assert strip(ra["history"]) == strip(rb["history"]) and ra["final"] == rb["final"] and rb["steps"] == 12
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_with_batched_augmentation_is_exact(tmp_path, monkeypatch):
+    "The batched augmentation path (BatchAugmentLoader) resumes inside an epoch as exactly as the per-image one."
+    monkeypatch.setenv("TOY_AS_ARRAY", "1")
+    monkeypatch.setenv("ATTNREPRO_BATCH_AUGMENT", "1")
+    script = tmp_path / "run.py"
+    script.write_text(MID_EPOCH_SCRIPT)
+    py = sys.executable
+    a = _run([py, str(script), str(tmp_path / "a"), str(tmp_path / "a_out"), "-1"])
+    assert a.returncode == 0, a.stderr
+    assert _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "7"]).returncode == 3
+    r = _run([py, str(script), str(tmp_path / "b"), str(tmp_path / "b_out"), "-1"])
+    assert r.returncode == 0, r.stderr
+    _assert_same(torch.load(tmp_path / "a_out.pt"), torch.load(tmp_path / "b_out.pt"))
+    ra, rb = json.loads((tmp_path / "a_out.json").read_text()), json.loads((tmp_path / "b_out.json").read_text())
+    strip = lambda h: [{k: v for k, v in row.items() if k != "epoch_time_s"} for row in h]
+    assert ra["augment_batched"] and strip(ra["history"]) == strip(rb["history"]) and ra["final"] == rb["final"]
+
+
+def test_batch_augment_equals_torchvision_per_image():
+    "Each image of a batched 'weak' augmentation is torchvision's reflect-padded crop (+ flip) of it, normalised."
+    import torchvision.transforms.functional as TF
+    from PIL import Image
+    from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD, ArrayImageDataset, train_transform
+    from attnrepro.train import BatchAugmentLoader
+    rng = np.random.default_rng(0)
+    u8 = rng.integers(0, 256, (6, 32, 32, 3), dtype=np.uint8)
+    ds = ArrayImageDataset(u8, [0, 1, 2, 3, 4, 5], list(range(6)), train_transform("weak", 32))
+    sub = torch.utils.data.Subset(torch.utils.data.Subset(ds, [5, 4, 3, 2, 1]), [0, 2, 4])   # images 5, 3, 1
+    loader = BatchAugmentLoader(sub, 3, torch.utils.data.SequentialSampler(sub), False, torch.device("cpu"))
+    offsets, flips = torch.tensor([[0, 8], [3, 1], [8, 0]]), torch.tensor([True, False, True])
+    out = loader.augment(loader.images, offsets, flips)
+    for k, (i, (top, left), flip) in enumerate(zip([5, 3, 1], offsets.tolist(), flips.tolist())):
+        img = TF.crop(TF.pad(Image.fromarray(u8[i]), 4, padding_mode="reflect"), top, left, 32, 32)
+        ref = TF.normalize(TF.to_tensor(TF.hflip(img) if flip else img), IMAGENET_MEAN, IMAGENET_STD)
+        assert torch.allclose(out[k], ref, atol=1e-5), k
+    assert loader.targets.tolist() == [5, 3, 1] and len(loader) == 1
+    torch.manual_seed(0)
+    x, y = next(iter(loader))
+    assert x.shape == (3, 3, 32, 32) and x.dtype == torch.float32 and y.tolist() == [5, 3, 1]
+    with pytest.raises(ValueError, match="train_transform"):   # 'strong' (RandAugment) has no batched form
+        BatchAugmentLoader(ArrayImageDataset(u8, [0] * 6, [0], train_transform("strong", 32)), 2,
+                           torch.utils.data.SequentialSampler(range(6)), False, torch.device("cpu"))
+
+
+def test_fit_uses_batched_augmentation_where_asked(monkeypatch):
+    "ATTNREPRO_BATCH_AUGMENT: off by default on the CPU, on when asked (if the data allows), a bad value named."
+    from attnrepro.data import ArrayImageDataset, train_transform
+    from attnrepro.train import batch_augment_mode
+    u8 = np.random.default_rng(0).integers(0, 256, (32, 16, 16, 3), dtype=np.uint8)
+    ds = ArrayImageDataset(u8, [i % 4 for i in range(32)], list(range(4)), train_transform("weak", 16))
+    cfg = TrainConfig(epochs=1, batch_size=8, lr=1e-3, warmup_epochs=0)
+    run = lambda data: fit(tiny_vit(), data, None, cfg, progress=False)
+    assert not run(ds)["augment_batched"]
+    monkeypatch.setenv("ATTNREPRO_BATCH_AUGMENT", "1")
+    res = run(torch.utils.data.Subset(ds, range(24)))
+    assert res["augment_batched"] and res["steps"] == 3 and math.isfinite(res["history"][-1]["loss"])
+    big = ArrayImageDataset(np.repeat(np.repeat(u8, 2, 1), 2, 2), ds.targets, ds.classes, train_transform("weak", 16))
+    assert not run(big)["augment_batched"]   # 32 px images resized to 16: the per-image path
+    monkeypatch.setenv("ATTNREPRO_BATCH_AUGMENT", "maybe")
+    with pytest.raises(ValueError, match="ATTNREPRO_BATCH_AUGMENT"):
+        batch_augment_mode(torch.device("cpu"))
+    monkeypatch.delenv("ATTNREPRO_BATCH_AUGMENT")
+    assert batch_augment_mode(torch.device("cuda")) and not batch_augment_mode(torch.device("cpu"))
 
 
 @pytest.mark.slow
