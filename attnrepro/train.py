@@ -806,6 +806,12 @@ def _array_source(data):
     if type(data) is not ArrayImageDataset: return None, None   # FileImageDataset decodes files: not in memory
     return data, (np.arange(len(data)) if idx is None else np.asarray(idx, dtype=np.int64))
 
+def _batch_spec(data) -> dict | None:
+    "The batched form of `data`'s training transform (`data.train_transform`'s `batch_augment`), if it can be used."
+    base = _array_source(data)[0]
+    spec = getattr(getattr(base, "transform", None), "batch_augment", None)
+    return spec if spec is not None and tuple(base.images.shape[1:3]) == (spec["size"],) * 2 else None
+
 def batch_augment_mode(device: torch.device) -> bool:
     """Whether `fit` augments training batches as a whole on the training device (`BatchAugmentLoader`) where the data
     allows: `ATTNREPRO_BATCH_AUGMENT` 1 / 0, default on for CUDA (it spares the host CPU that several GPU jobs share)
@@ -824,9 +830,8 @@ class BatchAugmentLoader:
     (the sampler draws the indices); its random crops and flips come from torch's global generator, so checkpoints
     resume it the same way (a different stream from the per-image path's: same distribution, other draws)."""
     def __init__(self, data, batch_size: int, sampler, drop_last: bool, device: torch.device):
-        base, idx = _array_source(data)
-        spec = getattr(base.transform, "batch_augment", None) if base is not None else None
-        if spec is None or tuple(base.images.shape[1:3]) != (spec["size"], spec["size"]):
+        (base, idx), spec = _array_source(data), _batch_spec(data)
+        if spec is None:
             raise ValueError("BatchAugmentLoader needs an ArrayImageDataset of img_size-square images with "
                              "train_transform('weak', img_size), img_size <= 64")
         self.dataset, self.sampler, self.device, self.spec = data, sampler, device, spec
@@ -870,9 +875,7 @@ def _loaders(train_data, val_data, cfg: TrainConfig, device: torch.device):
     else:
         sampler = (DistributedSampler(train_data, num_replicas=world, rank=rank, shuffle=True, seed=cfg.seed,
                                       drop_last=True) if world > 1 else RandomSampler(train_data, generator=gen))
-        base = _array_source(train_data)[0]
-        spec = getattr(getattr(base, "transform", None), "batch_augment", None)
-        if (spec is not None and tuple(base.images.shape[1:3]) == (spec["size"],) * 2 and batch_augment_mode(device)):
+        if _batch_spec(train_data) is not None and batch_augment_mode(device):
             train = BatchAugmentLoader(train_data, cfg.batch_size, sampler, True, device)
         else:
             train = DataLoader(train_data, batch_size=cfg.batch_size, sampler=sampler, drop_last=True,
