@@ -12,7 +12,7 @@ import numpy as np
 # %% auto #0
 __all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes',
            'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'resumed_time',
-           'note_resumed', 'package_versions', 'seed_everything']
+           'note_resumed', 'fit_notes', 'note_fit', 'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -141,6 +141,21 @@ def resumed_time():
 def note_resumed(seconds: float) -> None:
     "A trainer resumed a checkpoint holding `seconds` of earlier wall time: tell every open `resumed_time` block."
     for ledger in _RESUME_LEDGERS: ledger.append(float(seconds))
+
+_FIT_LEDGERS: list[list[dict]] = []
+
+@contextlib.contextmanager
+def fit_notes():
+    """Collect, in the yielded list, what each trainer inside the block notes about how it trained (`note_fit`: e.g.
+    its data pipeline), for the run's record: a run's result is whatever its function returns, which may leave it out."""
+    ledger: list[dict] = []
+    _FIT_LEDGERS.append(ledger)
+    try: yield ledger
+    finally: _FIT_LEDGERS.remove(ledger)
+
+def note_fit(**info) -> None:
+    "A trainer's note for every open `fit_notes` block."
+    for ledger in _FIT_LEDGERS: ledger.append(dict(info))
 
 def package_versions() -> dict:
     "Versions of the packages whose behaviour affects results."

@@ -24,7 +24,8 @@ from timm.optim import param_groups_layer_decay
 from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
-from .core import OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_resumed, seed_everything
+from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit, note_resumed,
+                            seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
 from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
 
@@ -1177,6 +1178,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                        steps_per_epoch=-(-len(train_loader) // cfg.accum_steps), lr=cfg.effective_lr(world), params=params,
                        extra_params=extra_params, mixup=mixup, ema=ema,
                        augment_batched=isinstance(train_loader, BatchAugmentLoader))
+        note_fit(augment_batched=run.augment_batched)   # into the run's record (`report.train_record`)
 
         # resume
         ckpt = Path(ckpt_dir) / CKPT_NAME if ckpt_dir is not None else None

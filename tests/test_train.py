@@ -751,7 +751,7 @@ def test_batch_augment_equals_torchvision_per_image():
                            torch.utils.data.SequentialSampler(range(6)), False, torch.device("cpu"))
 
 
-def test_fit_uses_batched_augmentation_where_asked(monkeypatch):
+def test_fit_uses_batched_augmentation_where_asked(monkeypatch, tmp_path):
     "ATTNREPRO_BATCH_AUGMENT: off by default on the CPU, on when asked (if the data allows), a bad value named."
     from attnrepro.data import ArrayImageDataset, train_transform
     from attnrepro.train import batch_augment_mode
@@ -763,8 +763,13 @@ def test_fit_uses_batched_augmentation_where_asked(monkeypatch):
     monkeypatch.setenv("ATTNREPRO_BATCH_AUGMENT", "1")
     res = run(torch.utils.data.Subset(ds, range(24)))
     assert res["augment_batched"] and res["steps"] == 3 and math.isfinite(res["history"][-1]["loss"])
+    from attnrepro.report import train_record   # the run's record says so, whatever its function returns
+    record = lambda data, case: train_record(tmp_path, "demo", "smoke", {"case": case},
+                                             lambda c, k: {"n": run(data)["steps"]}, write=False)
+    assert record(ds, "batched")["host"]["augment_batched_fits"] == 1
     big = ArrayImageDataset(np.repeat(np.repeat(u8, 2, 1), 2, 2), ds.targets, ds.classes, train_transform("weak", 16))
     assert not run(big)["augment_batched"]   # 32 px images resized to 16: the per-image path
+    assert "augment_batched_fits" not in record(big, "per image")["host"]
     monkeypatch.setenv("ATTNREPRO_BATCH_AUGMENT", "maybe")
     with pytest.raises(ValueError, match="ATTNREPRO_BATCH_AUGMENT"):
         batch_augment_mode(torch.device("cpu"))
