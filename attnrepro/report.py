@@ -384,7 +384,7 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
                host=run_host(), finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     if earlier: rec["resumed_earlier_s"] = round(sum(earlier), 3)
     batched = sum(bool(f.get("augment_batched")) for f in fits)
-    if batched: rec["host"]["augment_batched_fits"] = batched   # of len(fits): batches augmented on the device
+    if batched: rec["host"]["augment_batched_fits"] = batched   # an execution detail, like the device: not in the config
     if write:
         path = Path(runs_dir) / f"{h}.json"
         if arrays: _write_arrays(path.with_suffix(".npz"), arrays)   # before the JSON: a JSON means the run is complete
