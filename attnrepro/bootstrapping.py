@@ -782,7 +782,7 @@ def claim_joint_lifts_vit(scratch: dict[str, Arm], joint: dict[str, Arm], margin
     if v.verdict != "does not hold" or margin <= 0: return v
     from dataclasses import replace
     at_all = _all_of([beats(joint[d], scratch[d], f"{d}: Joint - scratch") for d in scratch])
-    return replace(v, statement=f"{v.statement}; whether Joint lifts the ViT at all (> 0): {at_all.verdict}")
+    return replace(v, statement=f"{v.statement} (whether Joint lifts the ViT at all, > 0: {at_all.verdict})")
 
 def claim_joint_beats_sam_sparse(joint: dict[str, Arm], sam: dict[str, Arm], sparse: dict[str, Arm]) -> Verdict:
     "1b: on every dataset, Joint's ViT beats ViT-SAM and beats ViT-Sparse."

@@ -168,12 +168,12 @@ def test_margins_are_tested_as_magnitudes():
     assert claim_joint_lifts_vit(one(60.0, "scratch"), one(64.0, "joint"), margin=3).verdict == "holds"
     # below the margin, the statement says whether Joint lifts the ViT at all: +4 is a gain, -2 is not, the mini's
     # -1.82 over 3 seeds (its interval reaches 0) is undecided
-    assert "at all (> 0): holds" in claim_joint_lifts_vit(one(60.0, "scratch"), one(64.0, "joint")).statement
-    assert "at all (> 0): does not hold" in claim_joint_lifts_vit(one(60.0, "scratch"), one(58.0, "joint")).statement
+    assert "at all, > 0: holds" in claim_joint_lifts_vit(one(60.0, "scratch"), one(64.0, "joint")).statement
+    assert "at all, > 0: does not hold" in claim_joint_lifts_vit(one(60.0, "scratch"), one(58.0, "joint")).statement
     mini = lambda vals, n: {"CIFAR-10": arm(vals, n, n_test=10000)}
     v = claim_joint_lifts_vit(mini([54.58, 55.47, 55.27], "scratch"), mini([53.16, 52.55, 54.16], "joint"))
     assert v.verdict == "does not hold" and v.ci_high < 5 and v.ci_low < 0 < v.ci_high
-    assert "at all (> 0): inconclusive" in v.statement
+    assert "at all, > 0: inconclusive" in v.statement
     assert "at all" not in claim_joint_lifts_vit(one(60.0, "scratch"), one(65.5, "joint")).statement   # it holds
     # "little cost" is one-sided: 2.5 below Joint fails, 3 above Joint is no cost
     assert claim_sharing_costs_little(one(72.5, "s"), one(75.0, "j"), one(60.0, "v")).verdict == "does not hold"
