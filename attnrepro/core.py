@@ -11,8 +11,8 @@ import numpy as np
 
 # %% auto #0
 __all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'resumed_time',
-           'note_resumed', 'fit_notes', 'note_fit', 'package_versions', 'seed_everything']
+           'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'fit_notes',
+           'note_fit', 'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -126,28 +126,14 @@ def run_host() -> dict:
         device, name = "cpu", platform.processor() or platform.machine()
     return dict(device=device, device_name=name, torch=torch.__version__, cpu_threads=torch.get_num_threads())
 
-_RESUME_LEDGERS: list[list[float]] = []
-
-@contextlib.contextmanager
-def resumed_time():
-    """Collect, in the yielded list, the seconds that earlier processes had spent on runs resumed from a checkpoint
-    inside the block (each resuming trainer calls `note_resumed`), so that a run's recorded wall time can count the
-    sessions before the one that finished it. Work lost after an earlier process's last checkpoint is not counted."""
-    ledger: list[float] = []
-    _RESUME_LEDGERS.append(ledger)
-    try: yield ledger
-    finally: _RESUME_LEDGERS.remove(ledger)
-
-def note_resumed(seconds: float) -> None:
-    "A trainer resumed a checkpoint holding `seconds` of earlier wall time: tell every open `resumed_time` block."
-    for ledger in _RESUME_LEDGERS: ledger.append(float(seconds))
-
 _FIT_LEDGERS: list[list[dict]] = []
 
 @contextlib.contextmanager
 def fit_notes():
-    """Collect, in the yielded list, what each trainer inside the block notes about how it trained (`note_fit`: e.g.
-    its data pipeline), for the run's record: a run's result is whatever its function returns, which may leave it out."""
+    """Collect, in the yielded list, what each trainer inside the block notes about how it trained (`note_fit`), for
+    the run's record, since a run's result is whatever its function returns: its data pipeline, or `resumed_s`, the
+    seconds earlier processes had spent on a checkpoint it resumed, so that the recorded wall time counts the sessions
+    before the one that finished it (work lost after an earlier process's last checkpoint is not counted)."""
     ledger: list[dict] = []
     _FIT_LEDGERS.append(ledger)
     try: yield ledger

@@ -11,7 +11,7 @@ import pandas as pd
 import yaml
 
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
-                            fit_notes, git_commit, project_root, resumed_time, run_host)
+                            fit_notes, git_commit, project_root, run_host)
 from .scale import dry_call, dry_run_steps, executor_name
 from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile, validate_recipe
 from .verdicts import VERDICTS, Verdict
@@ -376,8 +376,9 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
     if force and any(ckpt.iterdir()):   # force means train again, not resume a finished checkpoint
         shutil.rmtree(ckpt); ckpt.mkdir(parents=True)
     print(f"[run] training {name or h} (config {h})", flush=True)
-    with resumed_time() as earlier, fit_notes() as fits: result = (call or (lambda f, c, k: f(c, k)))(fn, config, ckpt)
+    with fit_notes() as fits: result = (call or (lambda f, c, k: f(c, k)))(fn, config, ckpt)
     # wall time: this process plus what earlier sessions had checkpointed (a run resumed after a crash)
+    earlier = [f["resumed_s"] for f in fits if "resumed_s" in f]
     stored, arrays = split_arrays(result)
     rec = dict(hash=h, name=name, paper=paper, profile=profile, config=json.loads(canonical_json(config)),
                result=stored, wall_time_s=round(time.time() - t0 + sum(earlier), 3), git_commit=commit,

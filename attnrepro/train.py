@@ -24,7 +24,7 @@ from timm.optim import param_groups_layer_decay
 from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
-from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit, note_resumed,
+from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit,
                             seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
 from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
@@ -1211,7 +1211,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             if ck.get("it", 0):   # written inside epoch `start`: redraw its batch order, then skip what was trained
                 mid = ck
                 gen.set_state(ck["loader_epoch_start"])
-            note_resumed(wall)   # a PaperRun around this fit adds the earlier sessions' time to the run's wall time
+            note_fit(resumed_s=wall)   # a PaperRun around this fit adds the earlier sessions' time to the run's wall time
         if world > 1:
             run.train_model = nn.parallel.DistributedDataParallel(
                 model, device_ids=[device.index] if device.type == "cuda" else None,
