@@ -118,17 +118,24 @@ def _fmt(x) -> str:
     except (TypeError, ValueError): return ""
     return "" if x != x else f"{x:+.2f}" if abs(x) != float("inf") else ("+inf" if x > 0 else "-inf")
 
-def claims_markdown(claims: pd.DataFrame, title: str) -> str:
-    "claims.md: the verdict counts, a table of verdicts with intervals, then each claim's full evidence."
+def claims_markdown(claims: pd.DataFrame, title: str, profile: str = "") -> str:
+    """claims.md: the verdict counts, the regime the verdicts are about (`regime` column: once when every claim shares
+    it, else a column), a table of verdicts with intervals, then each claim's full evidence. An untestable claim reads
+    "untestable at <profile>"."""
     counts = claims["verdict"].value_counts()
     md = f"# {title}\n\n" + " · ".join(f"{v}: {int(counts.get(v, 0))}" for v in VERDICTS) + "\n\n"
-    tab = pd.DataFrame({"id": claims["id"], "verdict": claims["verdict"], "claim": claims["claim"],
+    regimes = claims["regime"].fillna("").astype(str) if "regime" in claims else pd.Series([""] * len(claims))
+    shared = regimes.nunique() == 1 and regimes.iloc[0]
+    if shared: md += f"**Regime** (what every verdict below is about): {regimes.iloc[0]}\n\n"
+    shown = [f"untestable at {profile}" if v == "untestable" and profile else v for v in claims["verdict"]]
+    tab = pd.DataFrame({"id": claims["id"], "verdict": shown, "claim": claims["claim"],
                         "claimed effect": claims["claimed"].fillna("") if "claimed" in claims else "",
                         "effect [95 % CI]": [f"{_fmt(e)} [{_fmt(lo)}, {_fmt(hi)}]" if _fmt(e) else ""
                                              for e, lo, hi in zip(claims["effect"], claims["ci_low"], claims["ci_high"])],
                         "n": claims["n"].fillna(""), "smallest detectable": [_fmt(m).lstrip("+") for m in claims["mde"]]})
+    if not shared and regimes.str.len().any(): tab["regime"] = regimes.values
     md += tab.to_markdown(index=False) + "\n\n## Evidence\n\n"
-    md += "\n".join(f"- **{c['verdict']}** ({c['id']}) {c['claim']}: {c['evidence']}" for _, c in claims.iterrows())
+    md += "\n".join(f"- **{s}** ({c['id']}) {c['claim']}: {c['evidence']}" for s, (_, c) in zip(shown, claims.iterrows()))
     return md + "\n"
 
 def _regime_note(root: Path, short: str, man: dict) -> str:
@@ -408,6 +415,7 @@ class PaperRun:
         self.fresh: set[str] = set()   # hashes trained by jobs of run_many in this execution (matters with force)
         self.gridded: set[str] = set()  # hashes asked for through run_many (the rest train one at a time, in this process)
         self.claims: list[dict] = []
+        self.regime = ""   # the regime the claims are about, in words (see `claim`)
         self.outputs: list[str] = []
         self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
         self.started = time.time()
@@ -521,15 +529,19 @@ class PaperRun:
                                f"'Running the paper profile'), or cost its grid here: `attnrepro reproduce --paper "
                                f"{self.paper} --profile paper --dry-run`.")
 
-    def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "") -> Verdict:
+    def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "", regime: str | None = None) -> Verdict:
         """Record a paper's claim with its verdict (`attnrepro.verdicts`: holds, does not hold, inconclusive or
-        untestable, with the interval that decided it); printed, and written to claims.md/csv."""
+        untestable, with the interval that decided it); printed, and written to claims.md/csv. `regime`: what the
+        verdict is about in words (epochs, images, resolution, teacher); default `self.regime`, which the notebook
+        sets once for claims that share it."""
+        regime = self.regime if regime is None else regime
         if not isinstance(verdict, Verdict):
             raise TypeError(f"claim {claim_id}: pass a Verdict (attnrepro.verdicts.greater/less/within/gap_fraction/"
                             f"all_of/untestable), not {type(verdict).__name__}: a bare True/False hides the noise")
         ev = str(verdict) + (f"; {evidence}" if evidence else "")
-        self.claims.append(dict(id=str(claim_id), claim=text, **verdict.row(), evidence=ev))
-        print(f"[{verdict.verdict}] claim {claim_id}: {text} -- {ev}")
+        self.claims.append(dict(id=str(claim_id), claim=text, **verdict.row(), evidence=ev, regime=regime or ""))
+        print(f"[{verdict.verdict}{' at ' + self.profile if verdict.verdict == 'untestable' else ''}] claim {claim_id}: "
+              f"{text} -- {ev}")
         return verdict
 
     def finish(self) -> dict:
@@ -537,7 +549,7 @@ class PaperRun:
         if self.claims:
             cl = pd.DataFrame(self.claims)
             cl.to_csv(self.out_dir / "claims.csv", index=False)
-            md = claims_markdown(cl, f"Claims of {self.paper} checked at the {self.profile} profile")
+            md = claims_markdown(cl, f"Claims of {self.paper} checked at the {self.profile} profile", self.profile)
             atomic_write_text(self.out_dir / "claims.md", md)
         # JSON has no inf/nan: an unbounded interval or an untestable claim's missing effect becomes null
         claims = [{k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in c.items()} for c in self.claims]

@@ -12,9 +12,10 @@ import numpy as np
 from scipy import stats
 
 # %% auto #0
-__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference',
-           'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable',
-           'gap_fraction', 'all_of', 'provided', 'mean_ci', 'seeds_needed', 'pilot_table']
+__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_FIX', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate',
+           'contrast', 'difference', 'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater',
+           'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'provided', 'agreement', 'Agreement',
+           'arm_agreement', 'arms_differ', 'gate', 'at_least', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -319,6 +320,88 @@ def provided(preconditions: Sequence[Verdict], verdict: Verdict) -> Verdict:
     why = "; ".join(f"{p.statement} -> {p.verdict}" for p in failed)
     return untestable(f"precondition not met ({why}); the comparison itself, for information: {verdict.statement} "
                       f"-> {verdict.verdict}")
+
+# %% ../nbs/17_verdicts.ipynb #b802bb76
+INERT_TOLERANCE = 1.0   # points: "about as often" as two seeds of one arm agree
+INERT_FIX = "a stronger weight of the arm's term, or a longer schedule"
+
+def agreement(hits_a, hits_b) -> float:
+    """Per-image agreement (%) of two runs scored on one test set: the share of test images both get right or both
+    get wrong (top-1 hits: bool arrays or `pack_correct` strings)."""
+    H = _hits([hits_a, hits_b], "agreement")
+    return float(100.0 * (H[0] == H[1]).mean())
+
+@dataclass(frozen=True)
+class Agreement:
+    """How often arms `a` and `b` agree per test image, seed for seed (`between`, %), beside how often one arm agrees
+    with itself across seeds (`within`, %, pooled over both arms' seed pairs, or borrowed; nan when unknown)."""
+    a: str
+    b: str
+    between: float
+    within: float
+    n_between: int
+    n_within: int
+    tolerance: float = INERT_TOLERANCE
+
+    @property
+    def inert(self) -> bool | None:
+        "True: the arms differ no more than two seeds of one arm (or have identical hits); None: `within` unknown."
+        if self.between >= 100.0: return True
+        if not math.isfinite(self.within): return None
+        return self.between >= self.within - self.tolerance
+
+    def __str__(self):
+        w = f"{self.within:.1f} % between two seeds of one arm" if math.isfinite(self.within) else \
+            "seed-to-seed agreement unknown (one seed each)"
+        return f"{self.a} vs {self.b}: agree on {self.between:.1f} % of test images seed for seed, against {w}"
+
+def arm_agreement(a: Arm, b: Arm, within: float | None = None, tolerance: float = INERT_TOLERANCE) -> Agreement:
+    """`Agreement` of two arms that carry per-image hits on one test set (`Arm.hits`). Seed i of `a` is paired with
+    seed i of `b` (pass both arms' seeds in one order). `within`: a seed-to-seed agreement (%) borrowed from another
+    arm of the same regime, for arms of one seed (by default, measured on the arms' own seed pairs)."""
+    for x in (a, b):
+        if x.hits is None:
+            raise ValueError(f"arm {x.name!r} carries no per-image hits: record `correct` in its runs (pack_correct) "
+                             "and build the arm with hits=, or compare scores only (`arms_differ` does without hits)")
+    if a.hits.shape[1] != b.hits.shape[1]:
+        raise ValueError(f"arms {a.name!r} and {b.name!r} were scored on {a.hits.shape[1]} and {b.hits.shape[1]} test "
+                         "images: agreement needs one test set")
+    k = min(a.n, b.n)
+    between = float(np.mean([100.0 * (a.hits[i] == b.hits[i]).mean() for i in range(k)]))
+    pairs = [100.0 * (x.hits[i] == x.hits[j]).mean() for x in (a, b) for i in range(x.n) for j in range(i + 1, x.n)]
+    if within is None:
+        within = float(np.mean(pairs)) if pairs else float("nan")
+    return Agreement(a.name, b.name, between, float(within), k, len(pairs), tolerance)
+
+def arms_differ(a: Arm, b: Arm, within: float | None = None, tolerance: float = INERT_TOLERANCE,
+                fix: str = INERT_FIX) -> Verdict:
+    """Precondition: arms `a` and `b` are not inert. With per-image hits on both, decided by `arm_agreement`;
+    without, only identical per-seed scores are caught (said in the statement). Untestable (inert) names the fix."""
+    if a.hits is None or b.hits is None:
+        if a.values == b.values:
+            return untestable(f"inert: {a.name} and {b.name} score identically on every seed ({list(a.values)}); fix: {fix}")
+        return Verdict("holds", f"{a.name} and {b.name} differ in score (not checked per image: no hits recorded)")
+    ag = arm_agreement(a, b, within, tolerance)
+    if ag.inert:
+        return untestable(f"inert: {ag}; fix: {fix}")
+    return Verdict("holds", f"arms differ: {ag}" + ("" if ag.inert is False else " (inertness not decided)"))
+
+def gate(passed: bool, what: str) -> Verdict:
+    "Precondition: a named gate (a teacher's or a source's) is passed; `what` says which gate and by what numbers."
+    return Verdict("holds", f"{what}: passed") if passed else untestable(f"{what}: gate not passed")
+
+def at_least(value: float, floor: float, what: str) -> Verdict:
+    "Precondition: the regime meets its own floor (`value` >= `floor`, e.g. a baseline's top-1 far enough above chance)."
+    if not math.isfinite(value): return untestable(f"{what} is not measured")
+    ok = value >= floor
+    return Verdict("holds" if ok else "untestable", f"{what} {value:.2f} {'meets' if ok else 'is below'} its floor {floor:g}")
+
+def gap_resolved(est: Estimate, what: str = "the gap") -> Verdict:
+    """Precondition: the gap a claim speaks of (a share of it, or a student reaching its teacher) is larger than its
+    own smallest detectable effect: below that, no part of it can be measured at this profile."""
+    ok = est.effect > est.mde
+    return Verdict("holds" if ok else "untestable",
+                   f"{what}: {est} {'exceeds' if ok else 'is not larger than'} its smallest detectable effect {est.mde:.2f}")
 
 # %% ../nbs/17_verdicts.ipynb #8306dabd
 def mean_ci(values, level: float = LEVEL) -> tuple[float, float]:
