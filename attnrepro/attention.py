@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_attention.ipynb #6533127f
 from __future__ import annotations
-import contextlib, difflib, operator
+import contextlib, difflib, math, operator
 from collections.abc import Iterable, Mapping, Sequence
 from functools import partial
 
@@ -18,9 +18,10 @@ from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 # %% auto #0
-__all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'TAP_FEATURES', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES', 'attention_blocks',
-           'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits', 'attention_maps', 'forward_until',
-           'require_vit', 'ModuleOutputs', 'Taps', 'AttentionOverride']
+__all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'CLS_ENTROPY_GATE', 'TAP_FEATURES', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES',
+           'attention_blocks', 'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits',
+           'attention_maps', 'cls_row_entropy', 'forward_until', 'require_vit', 'ModuleOutputs', 'Taps',
+           'AttentionOverride']
 
 # %% ../nbs/02_attention.ipynb #9776681e
 SUPPORTED_ATTENTION = (Attention, GPSA, MHSA)
@@ -287,6 +288,25 @@ def attention_maps(model: nn.Module, x: torch.Tensor, layers: Sequence[int] | No
     with AttentionCapture(model, layers, what=("maps",), cls_only=cls_only) as cap:
         model(on_model_device(model, x))
     return cap.maps
+
+CLS_ENTROPY_GATE = 0.8   # a teacher's last-block CLS row must be at most this share of the uniform entropy
+
+@torch.no_grad()
+def cls_row_entropy(model: nn.Module, x: torch.Tensor, layer: int = -1) -> dict:
+    """How peaked block `layer`'s CLS row is over the patch keys (renormalised over the patches, as GTA and Attention
+    Copy's readout see it), in eval mode: per head, the mean entropy over the images (nats); `ratio` = their mean over
+    log(patches), 1.0 for a uniform row. A teacher whose ratio exceeds `CLS_ENTROPY_GATE` has a nearly flat CLS row."""
+    was = model.training
+    model.eval()
+    try: maps = attention_maps(model, x, [layer], cls_only=True)[0]   # (B, H, N)
+    finally: model.train(was)
+    npre = int(getattr(_unwrap(model), "num_prefix_tokens", 1))
+    p = maps[..., npre:].double()
+    p = p / p.sum(-1, keepdim=True)
+    per_head = (-torch.special.xlogy(p, p).sum(-1)).mean(0)
+    uniform = math.log(p.shape[-1])
+    return dict(per_head=per_head.tolist(), mean=float(per_head.mean()), uniform=uniform,
+                ratio=float(per_head.mean()) / uniform)
 
 # %% ../nbs/02_attention.ipynb #14238a82
 def forward_until(model: nn.Module, x: torch.Tensor, last_block: int) -> torch.Tensor:
