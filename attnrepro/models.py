@@ -680,6 +680,21 @@ def _load_timm_hub(name: str, checkpoint: Path | str | None = None, timm_kwargs:
     return _timm_teacher_cfg(model, name, "timm hub" if cached is None else f"timm hub ({cached})",
                              sha256_file(cached) if cached else None, kw)
 
+def _saved_teacher_hint(name: str, teacher_dir=None) -> str:
+    """Where a saved teacher `name` was looked for and how to point at one: the project's own teachers are committed
+    in a clone's `outputs/teachers/weights`, which an installed wheel does not carry."""
+    dirs = "; ".join(str(d) for d in teacher_dirs(teacher_dir))
+    try: clone, outside = f"this clone's {project_root() / 'outputs' / 'teachers' / 'weights'}", ""
+    except FileNotFoundError:
+        clone = "a clone's outputs/teachers/weights"
+        outside = " (and neither the working directory nor the package is in a clone)"
+    return (f"A saved teacher is looked for as {name}.json + {name}.safetensors in: {dirs}. The project's own teachers "
+            f"(such as mae_cifar10_mini) are committed in {clone}, not in the installed package{outside}: set "
+            f"ATTNREPRO_TEACHERS to a folder holding them (several folders separated by {os.pathsep!r}), or "
+            "ATTNREPRO_TEACHER_URL to a base "
+            "URL serving <name>.json and <name>.safetensors (fetched once into the cache, checked against the sha256 the "
+            ".json pins).")
+
 def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, config: dict | None = None,
                  teacher_dir: Path | str | None = None, trust_pickle: bool = False,
                  checkpoint: Path | str | None = None, timm_kwargs: dict | None = None,
@@ -718,8 +733,9 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
     else:
         looks_like_file = isinstance(name_or_path, Path) or os.sep in name or name.endswith(CHECKPOINT_SUFFIXES)
         what = f"No checkpoint file {name}" if looks_like_file else f"Unknown teacher {name!r}"
+        where = "" if looks_like_file or not _TEACHER_NAME.match(name) else " " + _saved_teacher_hint(name, teacher_dir)
         raise (FileNotFoundError if looks_like_file else ValueError)(
-            f"{what}. Valid names: {teacher_names(teacher_dir)}, 'timm:<timm model name>', or the path of a "
+            f"{what}.{where} Valid names: {teacher_names(teacher_dir)}, 'timm:<timm model name>', or the path of a "
             f"{'/'.join(CHECKPOINT_SUFFIXES)} checkpoint file.")
     return model.eval()
 
