@@ -27,7 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reproduce", help="execute paper notebooks and write their outputs")
     r.add_argument("--paper", action="append", help="paper short name (repeatable; default: every paper with a notebook)")
     r.add_argument("--profile", default="smoke", choices=PROFILES, help="smoke (seconds, meaningless numbers), "
-                   "mini (the committed small-scale reproduction), paper (published recipe; needs GPUs)")
+                   "mini (the committed small-scale reproduction), gpu (a data-rich regime run in lent GPU windows; "
+                   "default papers: the gpu queue's, in priority order), paper (published recipe; needs GPUs)")
+    r.add_argument("--budget-minutes", type=float, metavar="N", help="a device window's budget: start no run whose "
+                   "projected cost (measured on finished runs of the same config, else papers/gpu_queue.yaml's "
+                   "estimate) cannot finish within N minutes; finished runs are kept, the rest is listed with its "
+                   "projected minutes (exit code 3)")
     r.add_argument("--force", action="store_true", help="retrain runs even if a cached result exists")
     r.add_argument("--param", action="append", type=_parse_param, default=[], metavar="KEY=VALUE",
                    help="set a notebook parameter (repeatable)")
@@ -114,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             from attnrepro.runner import _kernel_env
             with _kernel_env(**_scale_env(args)):   # the notebooks' kernels inherit it; restored afterwards
                 _check_executor(args)
-                res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output)
+                res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output,
+                                budget_minutes=args.budget_minutes)
             pending = [p for p, r in res.items() if isinstance(r, PaperPending)]
             failed = [p for p, r in res.items() if isinstance(r, PaperFailed) and p not in pending]
             for p, r in res.items():

@@ -13,6 +13,7 @@ import yaml
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
                             fit_notes, git_commit, project_root, run_host)
 from .scale import dry_call, dry_run_steps, executor_name
+from .budget import BudgetExhausted, fits
 from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile, validate_recipe
 from .verdicts import VERDICTS, Verdict
 
@@ -24,7 +25,7 @@ __all__ = ['PROFILES', 'README_START', 'README_END', 'CPU_DEVICE_NAMES', 'COST_S
            'split_arrays', 'join_arrays', 'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
-PROFILES = ("smoke", "mini", "paper")
+PROFILES = ("smoke", "mini", "gpu", "paper")
 
 def papers_dir(root: Path | str | None = None) -> Path:
     return Path(root or project_root()) / "papers"
@@ -453,6 +454,11 @@ class PaperRun:
             raise RuntimeError(f"run {name or h!r} (config {h}) has no cached result in {self.runs_dir} and "
                                "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")
         else:
+            if not dry_run_steps():   # a device window's budget (attnrepro.budget): start only what can finish
+                ok, why = fits(self.paper, name, config, self.runs_dir)
+                if not ok:
+                    raise BudgetExhausted(f"{self.paper} ({self.profile}): run {name or h!r} not started: {why}; every "
+                                          f"run finished so far is kept in {self.runs_dir}")
             rec = train_record(self.runs_dir, self.paper, self.profile, config, fn, name, force=self.force,
                                call=dry_call(name, h) if dry_run_steps() else None)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),

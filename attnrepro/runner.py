@@ -13,15 +13,41 @@ from .core import atomic_write_json, atomic_write_text, cache_dir, git_commit, p
 from .report import PROFILES, check_profile, load_profile, paper_meta, papers_dir
 
 # %% auto #0
-__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'DRYRUN_DIR', 'PaperFailed', 'PaperPending', 'RunInterrupted',
-           'paper_notebook', 'known_papers', 'runnable_papers', 'output_dir', 'ensure_kernel', 'notebook_parameters',
-           'check_parameter', 'compact_progress_output', 'run_paper', 'dry_run_paper', 'reproduce', 'status',
-           'stale_runs', 'prune_runs']
+__all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'KERNEL_SETUP', 'KERNEL_ARGS', 'DRYRUN_DIR', 'kernel_setup',
+           'PaperFailed', 'PaperPending', 'RunInterrupted', 'paper_notebook', 'known_papers', 'runnable_papers',
+           'output_dir', 'ensure_kernel', 'notebook_parameters', 'check_parameter', 'compact_progress_output',
+           'shareable_notebook', 'run_paper', 'dry_run_paper', 'gpu_queue_papers', 'reproduce', 'status', 'stale_runs',
+           'prune_runs']
 
 # %% ../nbs/08_runner.ipynb #eea5ac45
 KERNEL_NAME = "attnrepro"
 COMMITTED_PROFILE = "mini"  # the profile whose outputs live in outputs/<short>/ and are committed
 RUNNER_PARAMS = ("profile", "out_dir", "runs_dir", "force")
+KERNEL_SETUP = "import attnrepro.runner as _attnrepro_runner; _attnrepro_runner.kernel_setup(); del _attnrepro_runner"
+# the kernels the runner starts: their own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is
+# noise to a user, and `kernel_setup` runs before the first cell
+KERNEL_ARGS = ["--IPKernelApp.log_level=CRITICAL", f"--IPKernelApp.exec_lines={KERNEL_SETUP}"]
+
+def kernel_setup() -> None:
+    """What a kernel the runner starts runs before the notebook (`KERNEL_SETUP`), so that the executed notebook can be
+    shared: a warning names its file relative to the folder it was imported from or to the working directory (the
+    project root), e.g. `torch/nn/modules/module.py:1739`, never this machine's site-packages, and a notebook cell as
+    `<notebook cell>`; tqdm's 'IProgress not found' (ipywidgets missing: `tqdm.auto` falls back to the text bar, which
+    is what an executed notebook should hold) is not shown."""
+    import linecache, re, warnings
+    warnings.filterwarnings("ignore", message="IProgress not found")
+    bases = sorted({str(Path(p).resolve()) for p in [*sys.path, os.getcwd()] if p and Path(p).is_dir()},
+                   key=len, reverse=True)
+    plain = warnings.formatwarning
+    def short(filename: str) -> str:
+        if re.search(r"ipykernel_\d+[/\\]\d+\.py$", filename): return "<notebook cell>"
+        if not os.path.isabs(filename): return filename
+        f = str(Path(filename).resolve())
+        return next((f[len(b) + 1:] for b in bases if f.startswith(b + os.sep)), filename)
+    def formatwarning(message, category, filename, lineno, line=None):
+        if line is None: line = linecache.getline(filename, lineno)   # read from the real file, shown by its short name
+        return plain(message, category, short(filename), lineno, line)
+    warnings.formatwarning = formatwarning
 
 class PaperFailed(RuntimeError):
     "A paper notebook raised; its previous outputs are untouched."
@@ -103,6 +129,30 @@ def compact_progress_output(nb_path: Path | str) -> None:
         if "outputs" in cell: cell["outputs"] = merged
     nbformat.write(nb, str(nb_path))
 
+def shareable_notebook(nb_path: Path | str, root: Path | str, replace: dict[str, str] | None = None) -> None:
+    """An executed notebook a reader can share: `replace` (e.g. the staging folder -> the published one) and then the
+    project root's absolute path (-> relative paths) rewritten in the injected parameters cell, every text output and
+    papermill's metadata (input and output path, parameters)."""
+    import nbformat
+    nb = nbformat.read(str(nb_path), as_version=4)
+    subs = [*(replace or {}).items(), *((f"{r}{os.sep}", "") for r in dict.fromkeys([str(Path(root).resolve()), str(root)]))]
+    def fix(s):
+        if not isinstance(s, str): return s
+        for a, b in subs: s = s.replace(a, b)
+        return s
+    for cell in nb.cells:
+        if "injected-parameters" in cell.get("metadata", {}).get("tags", []): cell.source = fix(cell.source)
+        for out in cell.get("outputs", []):
+            if "text" in out: out["text"] = fix(out["text"])
+            for k, v in out.get("data", {}).items():
+                if k.startswith("text/"): out["data"][k] = fix(v)
+            if "traceback" in out: out["traceback"] = [fix(t) for t in out["traceback"]]
+    meta = nb.metadata.get("papermill", {})
+    for k in ("input_path", "output_path"):
+        if k in meta: meta[k] = fix(meta[k])
+    for k, v in meta.get("parameters", {}).items(): meta["parameters"][k] = fix(v)
+    nbformat.write(nb, str(nb_path))
+
 def _pid_alive(pid: str) -> bool:
     "Whether process `pid` (a string from a staging folder name) is still running."
     try: os.kill(int(pid), 0)
@@ -165,19 +215,21 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
         if not _pid_alive(stale.name.rsplit("-", 1)[-1]): shutil.rmtree(stale, ignore_errors=True)
     staging = final.parent / f".staging-{short}-{os.getpid()}"
     staging.mkdir(parents=True)
-    all_params = dict(params, profile=profile, out_dir=str(staging), runs_dir=str(final / "runs"), force=bool(force))
+    # paths relative to the project root, where the kernel runs: the executed notebook's parameters cell reads the same
+    # on every machine (`shareable_notebook` names the published folder instead of the staging one)
+    rel = lambda p: Path(os.path.relpath(p, root)).as_posix()
+    all_params = dict(params, profile=profile, out_dir=rel(staging), runs_dir=rel(final / "runs"), force=bool(force))
     commit, t0, started = git_commit(root), time.time(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     failed = root / "outputs" / ".failed" / profile / short
     runs_before = {p.name for p in (final / "runs").glob("*.json")}
     try:
-        # the kernel (cwd = root) inherits the notebook's path (provenance) and keeps figures as files only (not inline);
-        # its own log (a TCP warning at every start, teardown tracebacks after Ctrl-C) is noise to a user
+        # the kernel (cwd = root) inherits the notebook's path (provenance) and keeps figures as files only (not inline)
         with _kernel_env(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0"):
             pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
                                 kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+                                extra_arguments=KERNEL_ARGS)
     except PapermillExecutionError as e:
-        if e.ename == "RunsPending":   # --no-wait: runs were submitted; nothing is published, nothing has failed
+        if e.ename in ("RunsPending", "BudgetExhausted"):   # --no-wait, or a window's budget: nothing published or failed
             shutil.rmtree(staging, ignore_errors=True)
             raise PaperPending(f"{short} ({profile}): runs pending: {e.evalue}") from None
         shutil.rmtree(failed, ignore_errors=True)
@@ -195,6 +247,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
         shutil.rmtree(staging, ignore_errors=True)
         raise
     compact_progress_output(staging / f"{short}.ipynb")
+    shareable_notebook(staging / f"{short}.ipynb", root, {rel(staging): rel(final)})
     used_path = staging / "runs_used.json"
     used = json.loads(used_path.read_text()) if used_path.exists() else {"runs": [], "seeds": []}
     try: note = load_profile(short, profile, root).get("note", "")   # the regime the results come from (README)
@@ -247,7 +300,7 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                 pm.execute_notebook(str(nb), str(executed), kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False,
                                     parameters=dict(params, profile=profile, out_dir=str(tmp / "out"),
                                                     runs_dir=str(tmp / "runs"), force=False),
-                                    log_output=log_output, extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+                                    log_output=log_output, extra_arguments=KERNEL_ARGS)
         except PapermillExecutionError as e:
             stopped = f"the notebook stopped in cell {e.exec_count} (index {e.cell_index}): {e.ename}: {e.evalue}"[:800]
         except KeyboardInterrupt:   # Ctrl-C or a time limit (`timeout -s INT`): what was measured is still written
@@ -286,13 +339,32 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
         shutil.rmtree(tmp, ignore_errors=True)
 
 # %% ../nbs/08_runner.ipynb #47ecbefe
+def gpu_queue_papers(root=None) -> list[str]:
+    "The gpu queue's papers in priority order (papers/gpu_queue.yaml) that have a `gpu` profile (the rest wait)."
+    from attnrepro.budget import queue_order
+    from attnrepro.recipes import read_profiles
+    root = Path(root or project_root())
+    have = [p for p in queue_order(root) if (f := papers_dir(root) / p / "profiles.yaml").is_file() and "gpu" in read_profiles(f)]
+    return [p for p in have if p in runnable_papers(root)]
+
 def reproduce(papers: list[str] | None = None, profile: str = "smoke", force: bool = False,
-              params: dict | None = None, root=None, progress: bool = True, log_output: bool = False) -> dict:
-    """Regenerate `papers` (default: every paper with a notebook) at `profile`. A failing paper does not
-    stop the others; returns {paper: manifest or PaperFailed}."""
+              params: dict | None = None, root=None, progress: bool = True, log_output: bool = False,
+              budget_minutes: float | None = None) -> dict:
+    """Regenerate `papers` (default: every paper with a notebook; at the gpu profile, the gpu queue's papers in
+    priority order) at `profile`. A failing paper does not stop the others; returns {paper: manifest or PaperFailed}.
+    `budget_minutes`: a device window's budget; no run starts that its projected cost says cannot finish in it
+    (`attnrepro.budget`); a paper whose runs do not all fit ends `PaperPending`, its finished runs kept."""
+    from attnrepro.budget import clear_budget, start_budget
     root = Path(root or project_root())
     check_profile(profile)
-    papers = list(papers or runnable_papers(root))
+    if budget_minutes is not None: start_budget(budget_minutes)
+    try:
+        papers = list(papers or (gpu_queue_papers(root) if profile == "gpu" else runnable_papers(root)))
+        return _reproduce(papers, profile, force, params, root, progress, log_output)
+    finally:
+        if budget_minutes is not None: clear_budget()
+
+def _reproduce(papers, profile, force, params, root, progress, log_output) -> dict:
     known = known_papers(root)
     bad = [p for p in papers if p not in known]
     if bad: raise ValueError(f"Unknown paper(s) {bad}; known papers: {known}")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .core import atomic_write_json, cache_dir, config_hash
+from .budget import BudgetExhausted, fits, projected_seconds
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'SLURM_ENV', 'SLURM_LIVE', 'JOB_LIVE', 'PROBES', 'COUNT_COLUMNS', 'RunsPending', 'GridFailed',
@@ -286,9 +287,16 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             "they depend on" if blocked else "") + f": {len(missing)} of the grid's {len(grid)} runs have no result "
             f"yet. Re-run the same `attnrepro reproduce` command once the jobs have finished: finished runs are read from "
             f"{pr.runs_dir}, and runs that are queued or running are not submitted again.")
+    deferred = {}   # runs a device window's budget (attnrepro.budget) does not let start: hash -> why
     while True:
         for h in ready():
             if slots and len(running) + len(live) >= slots: break
+            if h in deferred: continue
+            ok, why = fits(pr.paper, grid[h][0], grid[h][1], pr.runs_dir)
+            if not ok:
+                deferred[h] = why
+                print(f"[grid] not started (budget): {label(h)}: {why}", flush=True)
+                continue
             submit(h)
         if not running and not live: break
         time.sleep(poll_s)
@@ -305,6 +313,14 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             del live[h]
             settle(h, m["job_id"], log=f"(see the logs in {m.get('folder')})")
     left = [h for h in grid if not pr.has_result(h) and h not in fresh]
+    if deferred and not failed:
+        proj = [projected_seconds(pr.paper, grid[h][0], grid[h][1], pr.runs_dir)[0] for h in left]
+        known = sum(p for p in proj if p is not None)
+        raise BudgetExhausted(
+            f"{pr.paper} ({pr.profile}): the window's budget is spent for this grid: {len(fresh)} run(s) finished in "
+            f"this call, {len(left)} left (projected {known / 60:.1f} job-minutes" + (f", {sum(p is None for p in proj)} "
+            "of unknown cost" if None in proj else "") + "): " + "; ".join(f"{label(h)} ({deferred.get(h, 'waits')})"
+            for h in left[:8]) + (" ..." if len(left) > 8 else "") + ". Run the same command in the next window.")
     if failed or left:
         blocked = [label(h) for h in left if h not in failed]
         raise GridFailed(f"{len(failed)} run(s) of the grid failed: " + "; ".join(f"{label(h)} ({h}): {w}"
