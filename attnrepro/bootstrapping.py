@@ -21,21 +21,22 @@ from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, projec
 # %% auto #0
 __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'FAR_POINTS',
            'SHARED_COST_POINTS', 'NO_SPREAD', 'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS',
-           'PAPER_T3', 'NAMES4', 'head_offsets', 'neighbourhood_matrices', 'generalized_conv_matrix_form',
-           'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers', 'AgentCNN', 'describe_agent',
-           'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method', 'sam_method', 'EntmaxBisect',
-           'entmax_bisect', 'sparse_attention_', 'load_run_data', 'vit_spec', 'make_agent', 'pretrained_vit',
-           'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval', 'visualize', 'train_run',
-           'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse',
-           'claim_vit_above_agent', 'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd',
-           'claim_decay_helps', 'claim_sequence_beats_avgpool', 'claim_reslike_beats_base',
-           'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity', 'plot_layer_removal',
-           'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements', 'table_2',
-           'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_requests', 'headline_arms', 'SeedNoise',
-           'table_seed_spread', 'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs', 'fraction_runnable',
-           'fraction_regime', 'table_3', 'pilot_requests', 'notebook_requests', 'table_4', 'table_5', 'sweep_regime',
-           'table_sensitivity', 'table_layer_removal', 'viz_figures', 'dataset_evidence', 'table4_arms', 'table5_arms',
-           'fraction_arms', 'fraction_evidence']
+           'HITS_FIELD', 'AGENT_KEYS', 'PAPER_T3', 'PAPER_REGIME', 'NAMES4', 'head_offsets', 'neighbourhood_matrices',
+           'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
+           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
+           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_', 'load_run_data', 'vit_spec',
+           'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval',
+           'visualize', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
+           'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
+           'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
+           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity',
+           'plot_layer_removal', 'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements',
+           'table_2', 'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_requests', 'headline_arms',
+           'SeedNoise', 'table_seed_spread', 'teacher_gate', 'table_1', 'fraction_pool', 'fraction_size',
+           'fraction_epochs', 'fraction_runnable', 'fraction_regime', 'table_3', 'pilot_requests', 'notebook_requests',
+           'table_4', 'table_5', 'sweep_regime', 'table_sensitivity', 'table_layer_removal', 'viz_figures', 'regime',
+           'fraction_claim_regime', 'dataset_evidence', 'table4_arms', 'table5_arms', 'fraction_arms',
+           'fraction_evidence']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -526,6 +527,7 @@ from .models import count_flops, create_student, teacher_available
 from .pretrain import get_teacher
 from .scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
 from .train import CKPT_NAME, TrainConfig, evaluate, fit
+from .verdicts import pack_correct
 
 CNN_TIMM = {"ResNet50": "resnet50", "EfficientNet-B2": "efficientnet_b2"}
 VIT_METHODS = ("ViT", "ViT-SAM", "ViT-Sparse", "Agent", "Joint", "Shared", "Pretrained")
@@ -684,15 +686,19 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     # a dry run's numbers are meaningless and fit already timed the evaluation: score a few images, not the val set
     ev = torch.utils.data.Subset(va, range(min(len(va), 2 * dry_run_cpu_batch()))) if dry_run_steps() else va
     loader = DataLoader(ev, batch_size=recipe["eval_batch"], shuffle=False)
-    fin = evaluate(model, loader)
-    out = dict(top1=fin["acc1"], top5=fin["acc5"], n_train=len(tr), n_val=fin["n"], epochs=res["epochs"],
+    # per-image top-1 hits on the test set (pack_correct): rows of one test set then compare paired and can be checked
+    # for inert arms (verdicts.arms_differ); a result field, not a config key, so no run's hash changes
+    fin = evaluate(model, loader, return_correct=True)
+    out = dict(top1=fin["acc1"], top5=fin["acc5"], correct=pack_correct(fin["correct"]), n_train=len(tr), n_val=fin["n"],
+               epochs=res["epochs"],
                steps=res["steps"], wall_time_s=res["wall_time_s"], params=params_of(model),
                flops=count_flops(model, img),
                curve=[dict(epoch=h["epoch"] + 1, vit=h.get("val_acc1"), agent=h.get("val_agent_acc1")) for h in res["history"]],
                final_losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")})
     if agent is not None:
-        out.update(agent_top1=evaluate(agent, loader)["acc1"], agent_params=params_of(agent, exclude=vit),
-                   agent_flops=count_flops(agent, img))
+        ag = evaluate(agent, loader, return_correct=True)
+        out.update(agent_top1=ag["acc1"], agent_correct=pack_correct(ag["correct"]),
+                   agent_params=params_of(agent, exclude=vit), agent_flops=count_flops(agent, img))
         if "align_conflict_frac" in res["history"][-1]:
             out["align_conflict_frac"] = [h["align_conflict_frac"] for h in res["history"]]
     if method == "ViT-Sparse":
@@ -733,7 +739,7 @@ def agent_stages(rows: list[dict]) -> list[dict]:
     return out
 
 # %% ../nbs/13_bootstrapping.ipynb #c3081da2
-from .verdicts import Arm, Verdict, all_of, contrast, difference, greater, untestable
+from .verdicts import Arm, Verdict, all_of, contrast, difference, gate, greater, untestable
 
 FAR_POINTS = 5.0          # "far above": the paper's smallest ViT-S gain is 7.82 (Table 1)
 SHARED_COST_POINTS = 2.0  # "little cost": the paper's ViT-S Shared is 1.42 / 0.69 below Joint
@@ -1027,48 +1033,78 @@ def headline_requests(ds: str, seeds: Sequence[int]) -> list[tuple[str, dict]]:
     runs = {(m, json.dumps(loss)): (m, loss) for _, m, _, _, loss in HEADLINE}.values()
     return [("ViT", dict(ds=ds))] + [(m, dict(ds=ds, seed=s, **loss)) for s in seeds for m, loss in runs]
 
+# the result field of a row's per-image hits (runs trained since they were recorded; older runs lack them)
+HITS_FIELD = {"top1": "correct", "agent_top1": "agent_correct"}
+# the headline rows that are ViTs: their pooled seed sd is what one-seed ViT rows borrow (the agent CNN is another model)
+AGENT_KEYS = tuple(k for k, _, key, _, _ in HEADLINE if key == "agent_top1")
+
 def headline_arms(run: Callable, ds: str, seeds: Sequence[int]) -> dict[str, Arm]:
-    "The headline rows of `ds` as Arms {key: per-seed top-1 on the full val set}, from `run`."
+    """The headline rows of `ds` as Arms {key: per-seed top-1 on the full val set}, from `run`; with each seed's
+    per-image hits when every run of the row recorded them (then contrasts between such rows are paired)."""
     n = run("ViT", ds=ds)["n_val"]
-    return {k: arm([run(m, ds=ds, seed=s, **loss)[key] for s in seeds], name, n_test=n) for k, m, key, name, loss in HEADLINE}
+    out = {}
+    for k, m, key, name, loss in HEADLINE:
+        rs = [run(m, ds=ds, seed=s, **loss) for s in seeds]
+        hits = [r.get(HITS_FIELD[key]) for r in rs]
+        out[k] = arm([r[key] for r in rs], name, n_test=n, hits=hits if all(h is not None for h in hits) else None)
+    return out
 
 class SeedNoise:
-    """The seed noise of the profile's runs: per dataset the seed sd pooled over its headline Arms `head` {ds: {key:
-    Arm}} (`spread`; None with one seed), which the one-seed rows borrow (`one_seed`), and the sentences captions and
-    evidence give it (`note`, `borrowed`)."""
+    """The seed noise of the profile's runs: per dataset the seed sd pooled over its headline **ViT** Arms `head` {ds:
+    {key: Arm}} (`spread`; None with one seed), which the one-seed ViT rows borrow (`one_seed`), and the sentences
+    captions and evidence give it (`note`, `borrowed`). The agent CNN's headline row is another model with its own
+    spread: it stays out of the pool, and one-seed agent rows borrow its sd instead (`agent_spread`, `one_seed(cnn=True)`)."""
     def __init__(self, recipe: Mapping, head: Mapping, ds_label: Mapping[str, str], seeds_of: Mapping[str, list]):
         self.P, self.head, self.ds_label, self.seeds_of = recipe, head, ds_label, seeds_of
-        self.spread = {ds: pooled_sd(head[ds].values()) if len(seeds_of[ds]) > 1 else None for ds in ds_label}
+        multi = {ds: len(seeds_of[ds]) > 1 for ds in ds_label}
+        self.spread = {ds: pooled_sd([a for k, a in head[ds].items() if k not in AGENT_KEYS]) if multi[ds] else None
+                       for ds in ds_label}
+        self.agent_spread = {ds: pooled_sd([head[ds][k] for k in AGENT_KEYS if k in head[ds]])
+                             if multi[ds] and any(k in head[ds] for k in AGENT_KEYS) else None for ds in ds_label}
 
-    def one_seed(self, res: Mapping, name: str, ds: str, key: str = "top1") -> Arm:
-        "A row run once; its seed sd is borrowed from dataset `ds`'s headline rows when they have several seeds."
-        sd = self.spread.get(ds)   # None also for a dataset without headline rows (the paper's ImageNet pool of Table 3)
+    def one_seed(self, res: Mapping, name: str, ds: str, key: str = "top1", cnn: bool = False) -> Arm:
+        """A row run once; its seed sd is borrowed from dataset `ds`'s headline ViT rows when they have several seeds,
+        or for an agent CNN (`cnn`, or `key` 'agent_top1') from the headline agent row."""
+        cnn = cnn or key == "agent_top1"
+        # None also for a dataset without headline rows (the paper's ImageNet pool of Table 3)
+        sd = (self.agent_spread if cnn else self.spread).get(ds)
         return arm([res[key]], name, n_test=res["n_val"], **(dict(sd_seed=sd[0], sd_df=sd[1]) if sd else {}))
 
-    def note(self, ds: str, regime: str = "", claims: bool = True) -> str:
-        "Caption / evidence sentence: the seed noise of one-seed rows (`claims`: rows that claims are made on)."
+    def note(self, ds: str, regime: str = "", claims: bool = True, cnn: bool = False) -> str:
+        """Caption / evidence sentence: the seed noise of one-seed rows (`claims`: rows that claims are made on; `cnn`:
+        also the agent CNN rows' own)."""
         if self.spread.get(ds) is None:
             label = self.ds_label.get(ds, self.P["datasets"][ds]["label"])
             seeds_ = self.seeds_of.get(ds, list(self.P["seeds"]))
             return (f"One seed per row and no measured seed spread for {label} at this profile (seeds {seeds_}): "
                     + ("claims on these rows are untestable." if claims else "gaps between rows are not findings."))
         sd, df = self.spread[ds]
-        return (f"{'One-seed rows borrow the' if claims else 'Seed noise: the'} seed sd {sd:.2f} points (df {df:.0f}) pooled "
-                f"over the {len(self.seeds_of[ds])}-seed headline rows of {self.ds_label[ds]} (table 1_seed_spread)"
-                f"{'; ' + regime if regime else ''}.")
+        n = len(self.seeds_of[ds])
+        out = (f"{'One-seed ViT rows borrow the' if claims else 'Seed noise: the'} seed sd {sd:.2f} points (df {df:.0f}) "
+               f"pooled over the {n}-seed headline ViT rows of {self.ds_label[ds]} (table 1_seed_spread; the agent CNN's "
+               "row is another model and stays out of the pool)")
+        if cnn and self.agent_spread.get(ds):
+            asd, adf = self.agent_spread[ds]
+            out += f"; one-seed agent CNN rows borrow the {n}-seed agent row's own sd {asd:.2f} (df {adf:.0f})"
+        return out + f"{'; ' + regime if regime else ''}."
 
-    def borrowed(self, *dss: str, regime: str = "") -> str:
+    def borrowed(self, *dss: str, regime: str = "", cnn: bool = False) -> str:
         "Evidence suffix naming the borrowed seed sd (none without one: the verdict then says untestable)."
-        return "".join(f". {self.note(ds, regime)}" for ds in dss if self.spread.get(ds))
+        return "".join(f". {self.note(ds, regime, cnn=cnn)}" for ds in dss if self.spread.get(ds))
 
 def table_seed_spread(noise: SeedNoise) -> tuple[pd.DataFrame, str]:
     "Table 1_seed_spread: each headline row's top-1 over seeds per dataset, and the pooled sd. Returns (table, caption)."
     L, S = noise.ds_label, noise.spread
     spread = pd.DataFrame([dict(dataset=L[ds], model=label, seeds=a.n, mean=a.mean, std=a.sd, min=min(a.values),
                                 max=max(a.values)) for ds in L for k, label in HEADLINE_LABELS for a in [noise.head[ds][k]]])
+    A = noise.agent_spread
     pooled = "; ".join(f"{L[ds]} {S[ds][0]:.2f} (df {S[ds][1]:.0f})" if S[ds] else f"{L[ds]} none (one seed)" for ds in L)
+    agent = "; ".join(f"{L[ds]} {A[ds][0]:.2f} (df {A[ds][1]:.0f})" for ds in L if A.get(ds))
     return spread, (f"Top-1 (%) of the headline rows over seeds {noise.seeds_of} (std: sample sd over seeds, nan "
-                    f"with one seed). Pooled seed sd per dataset, borrowed by the one-seed rows of the claims: {pooled}.")
+                    f"with one seed). Seed sd per dataset pooled over the ViT rows only, borrowed by the one-seed ViT "
+                    f"rows of the claims: {pooled}"
+                    + (f". The agent CNN is another model: its row stays out of that pool, and one-seed agent rows "
+                       f"borrow its own sd: {agent}" if agent else "") + ".")
 
 # %% ../nbs/13_bootstrapping.ipynb #b8d31f0d
 def _t1_row(group, model, dataset, res=None, key="top1", gain_over=None, note="", dagger=0, shared_agent=False) -> dict:
@@ -1101,13 +1137,32 @@ def _pretrained_note(recipe: Mapping, s: str, status: str | None, skip: str, pro
                               "has seen more labelled images of the same task)"
                               if isinstance(spec, str) else "tiny smoke teacher fine-tuned")
 
-def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
+def teacher_gate(spec, which: str = "fine-tune", root=None) -> Verdict | None:
+    """The gate (`verdicts.gate`, a precondition for `provided`) of the project's teacher `spec` as the teachers notebook
+    measured it (`outputs/teachers/table_gates.csv`, its rows whose gate names `which`: by default the fine-tuning gate,
+    what a 'pre-trained ViT fine-tuned' row rests on); None where no such gate is recorded (a hub or smoke teacher)."""
+    if not isinstance(spec, str): return None
+    from attnrepro.runner import output_dir
+    path = output_dir("teachers", "mini", root) / "table_gates.csv"
+    if not path.is_file(): return None
+    g = pd.read_csv(path)
+    rows = g[(g["teacher"] == spec) & g["gate"].str.contains(which, regex=False)]
+    if rows.empty: return None
+    what = "; ".join(f"{r.gate}: {r.measured}" for r in rows.itertuples())
+    return gate(bool((rows["verdict"] == "met").all()), f"teacher {spec} (outputs/teachers/table_gates.md: {what})")
+
+def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
+            gates: Mapping | None = None) -> tuple[pd.DataFrame, str]:
     """Table 1 on CIFAR-10 and the CIFAR-100 column, from `run` (first seed): per dataset the CNNs (ResNet-50,
     EfficientNet-B2: where the profile's `cnn_baselines` has them), then per ViT size (those in `sizes`) the agent alone,
     the ViT from scratch, ViT-SAM, ViT-Sparse, the pre-trained ViT fine-tuned, Ours Joint and Ours Shared (agent and ViT
-    rows of one run; top1_gain over the ViT from scratch). Rows not run say why. Returns (table, caption)."""
+    rows of one run; top1_gain over the ViT from scratch). Rows not run say why; a pre-trained row whose teacher fails
+    its gate (`gates` {size: Verdict or None}, default `teacher_gate` of each size's spec) says so in its note and in the
+    caption. Returns (table, caption)."""
     P, rows = recipe, []
     pre_status = {s: teacher_status(P["pretrained"][s]) for s in P["vits"]}
+    gates = {s: teacher_gate(P["pretrained"][s]) for s in P["vits"]} if gates is None else gates
+    failed = {s: g for s, g in gates.items() if g is not None and not g.holds and s in P["sizes"] and pre_status[s] is None}
     for ds in ("c10", "c100"):
         for cnn in CNN_TIMM:
             on = CNN_TIMM[cnn] in P["cnn_baselines"]
@@ -1122,8 +1177,12 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str) -> t
             rows.append(_t1_row("ViTs", f"ViT-{s}-SAM", ds, run("ViT-SAM", ds=ds, size=s) if on else None, note=skip))
             rows.append(_t1_row("ViTs", f"ViT-{s}-Sparse", ds, run("ViT-Sparse", ds=ds, size=s) if on else None, note=skip))
             st = pre_status[s]
+            note = _pretrained_note(P, s, st, skip, profile)
+            if s in failed:
+                note += (f"; its teacher FAILS its gate ({failed[s].statement}): the row is no evidence about pre-training, "
+                         "and no claim rests on it")
             rows.append(_t1_row("Pre-trained ViTs", f"ViT-{s}", ds, run("Pretrained", ds=ds, size=s) if on and st is None else None,
-                                note=_pretrained_note(P, s, st, skip, profile), dagger=int(s == "B")))
+                                note=note, dagger=int(s == "B")))
             for group, meth in (("Ours Joint", "Joint"), ("Ours Shared", "Shared")):
                 r = run(meth, ds=ds, size=s) if on else None
                 rows.append(_t1_row(group, f"Agent-{s}", ds, r, key="agent_top1", note=skip, shared_agent=meth == "Shared"))
@@ -1137,6 +1196,9 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str) -> t
     return t1, ("Top-1 (%), params (M), FLOPs (G multiply-accumulates) on CIFAR-10 and CIFAR-100 (Table 1). "
                 "Ours: CIFAR-100 column = the Tiny-ImageNet proxy named in 'ours on'; ViT-S/B = our scaled sizes (Table 2); "
                 f"final epoch on the full val/test set, seed {P['seeds'][0]}. "
+                + "".join(f"The pre-trained ViT-{s} rows fine-tune {P['pretrained'][s]}, a teacher that fails its gate "
+                          f"({g.statement}): their top-1 says nothing about what pre-training gives, and no claim rests "
+                          "on them. " for s, g in failed.items())
                 + " ".join(dict.fromkeys(noise.note(ds) for ds in noise.ds_label)))
 
 # %% ../nbs/13_bootstrapping.ipynb #da346777
@@ -1307,6 +1369,32 @@ def viz_figures(recipe: Mapping, viz: Mapping[str, Mapping], images):
                f"table{10 + k}_features_image{k + 1}")
 
 # %% ../nbs/13_bootstrapping.ipynb #7aa50f58
+PAPER_REGIME = dict(epochs=240, img_size=224, text="the paper: 240 epochs on the full 50k-image CIFAR sets at 224 px, patch 16")
+
+def regime(recipe: Mapping, ds: str, profile: str = "") -> str:
+    """What the verdicts on dataset `ds`'s rows are about, in words (claims.md's regime): data, model, schedule, seeds,
+    and the paper's regime where ours differs from it."""
+    P, d, v = recipe, recipe["datasets"][ds], recipe["vits"]["S"]
+    ep, patch = d.get("epochs", P["train"]["epochs"]), d.get("patch_size", P["patch_size"])
+    seeds = list(d.get("seeds", P["seeds"]))
+    out = (f"{d['label']}; ViT-S/{patch} ({v['embed_dim']} x {v['depth']}, {v['num_heads']} heads) at {P['img_size']} px, "
+           f"{ep} epochs, batch {P['train']['batch_size']}; headline rows {len(seeds)} seed{'s' if len(seeds) > 1 else ''}, "
+           "the other rows one; no pre-trained teacher (Joint and Shared start from scratch)")
+    if (ep, P["img_size"]) != (PAPER_REGIME["epochs"], PAPER_REGIME["img_size"]): out += f"; {PAPER_REGIME['text']}"
+    return out
+
+def fraction_claim_regime(recipe: Mapping) -> str:
+    "Claim 5's regime in words: Table 3's fractions of the pool, their epochs (equal optimiser steps or not), the model."
+    P, FR, pool = recipe, recipe["fractions"], fraction_pool(recipe)
+    d, v = P["datasets"][pool], P["vits"][fraction_size(recipe)]
+    n = len(d.get("seeds", P["seeds"]))
+    eps = [fraction_epochs(P, f).get("epochs", d.get("epochs", P["train"]["epochs"])) for f in FR["values"]]
+    return (f"Table 3: {' / '.join(_pct(f) for f in FR['values'])} of {d['label'].split(',')[0]}'s training images at "
+            f"{' / '.join(map(str, eps))} epochs" + (" (equal optimiser steps)" if FR.get("equal_steps") else "")
+            + f", ViT-{fraction_size(recipe)}/{d.get('patch_size', P['patch_size'])} ({v['embed_dim']} x {v['depth']}) at "
+            f"{P['img_size']} px; the headline fraction's rows {n} seed{'s' if n > 1 else ''}, the others one; "
+            "the paper: ImageNet-1k fractions at 224 px")
+
 def dataset_evidence(*rows: Mapping[str, Arm], not_claimed: Sequence[str] = (), profile: str = "") -> str:
     """Evidence of a claim on every dataset: each dataset's rows' means ({dataset label: Arm} per row), and the datasets
     left out of the claims at this profile (`claim_datasets`)."""
@@ -1328,9 +1416,10 @@ def table4_arms(rows: Sequence[tuple], head: Mapping[str, Arm], noise: SeedNoise
     return A4
 
 def table5_arms(runs: Mapping[str, Mapping], head: Mapping[str, Arm], noise: SeedNoise, ds: str) -> dict[str, Arm]:
-    "Table 5's rows as Arms for claim 4: the agents alone and the ViTs joint with them (res-like: the headline Joint)."
-    return dict(rl_alone=noise.one_seed(runs["Res-like"]["alone"], "res-like agent", ds),
-                base_alone=noise.one_seed(runs["Base"]["alone"], "base agent", ds),
+    """Table 5's rows as Arms for claim 4: the agents alone (agent CNNs: they borrow the headline agent row's sd) and the
+    ViTs joint with them (res-like: the headline Joint)."""
+    return dict(rl_alone=noise.one_seed(runs["Res-like"]["alone"], "res-like agent", ds, cnn=True),
+                base_alone=noise.one_seed(runs["Base"]["alone"], "base agent", ds, cnn=True),
                 rl_joint=replace(head["joint"], name="ViT with res-like"),
                 base_joint=noise.one_seed(runs["Base"]["joint"], "ViT with base", ds))
 

@@ -512,25 +512,144 @@ def test_paper_figures_draw_from_run_results():
 # --- the paper notebook's tables, from result-shaped runs ---------------------------------------------------------
 
 def test_seed_noise_pools_the_headline_sd_and_one_seed_rows_borrow_it():
-    "The pooled sd of a dataset's headline Arms is what a one-seed row borrows; a one-seed dataset has none."
-    from attnrepro.bootstrapping import HEADLINE, SeedNoise, dataset_labels, table_seed_spread
+    """The sd pooled over a dataset's headline ViT Arms is what a one-seed ViT row borrows; the agent CNN's row stays out
+    of that pool and is what a one-seed agent row borrows; a one-seed dataset has none."""
+    from attnrepro.bootstrapping import AGENT_KEYS, HEADLINE, SeedNoise, dataset_labels, table_seed_spread
     from attnrepro.report import load_profile
     from attnrepro.verdicts import arm
     P = load_profile("bootstrapping_vit", "mini")
     labels = dataset_labels(P, "mini")
-    assert labels == {"c10": "CIFAR-10", "c100": "CIFAR-100 proxy"}
-    head = {"c10": {k: arm([10.0 + i, 12.0 + i], k, n_test=100) for i, (k, *_) in enumerate(HEADLINE)},
+    assert labels == {"c10": "CIFAR-10", "c100": "CIFAR-100 proxy"} and AGENT_KEYS == ("agent",)
+    # ViT rows: sd sqrt(2) each; the agent row: sd 0.1 (it must not pull the ViTs' pool down)
+    head = {"c10": {k: arm([10.0 + i, 10.1 + i] if k == "agent" else [10.0 + i, 12.0 + i], k, n_test=100)
+                    for i, (k, *_) in enumerate(HEADLINE)},
             "c100": {k: arm([5.0], k, n_test=100) for k, *_ in HEADLINE}}
     noise = SeedNoise(P, head, labels, {"c10": [0, 1], "c100": [0]})
     sd, df = noise.spread["c10"]
-    assert sd == pytest.approx(math.sqrt(2)) and df == len(HEADLINE) and noise.spread["c100"] is None
+    assert sd == pytest.approx(math.sqrt(2)) and df == len(HEADLINE) - 1 and noise.spread["c100"] is None
+    asd, adf = noise.agent_spread["c10"]
+    assert asd == pytest.approx(0.1 / math.sqrt(2)) and adf == 1 and noise.agent_spread["c100"] is None
     a = noise.one_seed(dict(top1=30.0, n_val=100), "row", "c10")
     assert a.values == (30.0,) and a.sd_seed == pytest.approx(sd) and noise.one_seed(dict(top1=3.0, n_val=9), "r", "c100").sd_seed is None
+    assert noise.one_seed(dict(top1=30.0, n_val=100), "agent alone", "c10", cnn=True).sd_seed == pytest.approx(asd)
+    assert noise.one_seed(dict(agent_top1=30.0, n_val=100), "agent", "c10", key="agent_top1").sd_df == adf
     assert "no measured seed spread for CIFAR-100 proxy" in noise.note("c100")
-    assert noise.note("c10").startswith("One-seed rows borrow the seed sd 1.41 points (df 5)") and noise.borrowed("c100") == ""
+    assert noise.note("c10").startswith("One-seed ViT rows borrow the seed sd 1.41 points (df 4) pooled over the 2-seed "
+                                        "headline ViT rows") and noise.borrowed("c100") == ""
+    assert "own sd" not in noise.note("c10") and "agent row's own sd 0.07 (df 1)" in noise.borrowed("c10", cnn=True)
     t, caption = table_seed_spread(noise)
-    assert len(t) == 2 * len(HEADLINE) and list(t[t.dataset == "CIFAR-10"]["mean"]) == [11.0 + i for i in range(len(HEADLINE))]
-    assert "CIFAR-10 1.41 (df 5); CIFAR-100 proxy none (one seed)" in caption
+    assert len(t) == 2 * len(HEADLINE) and list(t[t.dataset == "CIFAR-10"]["mean"]) == [
+        10.05 + i if k == "agent" else 11.0 + i for i, (k, *_) in enumerate(HEADLINE)]
+    assert "CIFAR-10 1.41 (df 4); CIFAR-100 proxy none (one seed)" in caption and "its own sd: CIFAR-10 0.07 (df 1)" in caption
+
+
+def _committed_runs(P, ds="c10"):
+    "The committed mini run of each headline row and seed, found by its config hash (None: the runs are not here)."
+    import json
+    from attnrepro.bootstrapping import HEADLINE, run_config
+    from attnrepro.core import config_hash
+    from attnrepro.runner import output_dir
+    runs = output_dir("bootstrapping_vit", "mini") / "runs"
+    out = {}
+    for k, m, key, name, loss in HEADLINE:
+        for s in P["seeds"]:
+            path = runs / f"{config_hash(run_config(P, m, ds=ds, seed=s, **loss))}.json"
+            if not path.is_file(): return None
+            out[k, s] = json.loads(path.read_text())["result"]
+    return out
+
+
+def test_committed_headline_runs_keep_their_hashes_and_pool_the_vit_rows_only():
+    """Issue #45: recording per-image hits changed no config hash (every committed headline run is still found), and
+    the borrowed CIFAR-10 sd is pooled over the four ViT rows only: 0.61 with df 8, not 0.55 with the agent CNN's row."""
+    from attnrepro.bootstrapping import HEADLINE, SeedNoise, headline_arms
+    from attnrepro.report import load_profile
+    from attnrepro.verdicts import pooled_sd
+    P = load_profile("bootstrapping_vit", "mini")
+    got = _committed_runs(P)
+    if got is None: pytest.skip("the committed mini runs are not here")
+    def run(m, ds=None, seed=None, **loss):
+        for k, mm, key, name, ll in HEADLINE:
+            if mm == m and ll == loss: return got[k, P["seeds"][0] if seed is None else seed]
+    head = headline_arms(run, "c10", P["seeds"])
+    assert all(a.hits is None for a in head.values())   # the committed runs predate `correct`: unpaired, said so
+    noise = SeedNoise(P, {"c10": head}, {"c10": "CIFAR-10"}, {"c10": P["seeds"]})
+    sd, df = noise.spread["c10"]
+    assert round(sd, 2) == 0.61 and df == 8
+    assert round(pooled_sd(head.values())[0], 2) == 0.55   # what the pool read with the agent in it
+
+
+def test_headline_arms_carry_hits_when_every_run_recorded_them():
+    from attnrepro.bootstrapping import headline_arms
+    from attnrepro.verdicts import pack_correct
+    rng = np.random.default_rng(0)
+    def fake(seed, with_hits=True):
+        h, ha = rng.random(200) < 0.5, rng.random(200) < 0.6
+        r = dict(top1=100 * h.mean(), agent_top1=100 * ha.mean(), n_val=200)
+        if with_hits: r.update(correct=pack_correct(h), agent_correct=pack_correct(ha))
+        return r
+    runs = {}
+    run = lambda m, ds=None, seed=0, **loss: runs.setdefault((m, seed, str(loss)), fake(seed))
+    head = headline_arms(run, "c10", [0, 1])
+    assert all(a.hits is not None and a.hits.shape == (2, 200) for a in head.values())
+    assert np.allclose(100 * head["agent"].hits.mean(1), head["agent"].values)   # the agent row takes agent_correct
+    runs.clear()
+    run_old = lambda m, ds=None, seed=0, **loss: runs.setdefault((m, seed, str(loss)), fake(seed, with_hits=seed == 0))
+    assert all(a.hits is None for a in headline_arms(run_old, "c10", [0, 1]).values())
+
+
+def test_train_run_records_per_image_hits():
+    "A joint run's result keeps the ViT's and the agent's per-image top-1 hits on the val set (pack_correct)."
+    from attnrepro.bootstrapping import run_config, train_run
+    from attnrepro.report import load_profile
+    from attnrepro.verdicts import unpack_correct
+    import tempfile
+    P = load_profile("bootstrapping_vit", "smoke")
+    cfg = run_config(P, "Joint", ds="c10")
+    assert "correct" not in str(cfg)   # a result, not a config key: no hash changes
+    with tempfile.TemporaryDirectory() as d:
+        r = train_run(cfg, d, recipe=P)
+    for field, top1 in (("correct", "top1"), ("agent_correct", "agent_top1")):
+        hits = unpack_correct(r[field])
+        assert hits.size == r["n_val"] and 100 * hits.mean() == pytest.approx(r[top1])
+
+
+def test_teacher_gate_and_table_1_say_when_the_pretrained_teacher_fails():
+    "Table 1's pre-trained row names a teacher that fails its gate, in its note and in the caption."
+    from attnrepro.bootstrapping import teacher_gate
+    from attnrepro.runner import output_dir
+    assert teacher_gate({"algorithm": "supervised"}) is None and teacher_gate("no_such_teacher") is None
+    if (output_dir("teachers", "mini") / "table_gates.csv").is_file():
+        g = teacher_gate("supervised_tiny_imagenet_mini")
+        assert g.verdict == "untestable" and "gate not passed" in g.statement and "+3.02" in g.statement
+        assert teacher_gate("mae_cifar10_mini").holds
+
+
+def test_table_1_marks_a_pretrained_row_whose_teacher_fails_its_gate():
+    from attnrepro.bootstrapping import SeedNoise, table_1
+    from attnrepro.report import load_profile
+    from attnrepro.verdicts import gate
+    P = load_profile("bootstrapping_vit", "mini")
+    res = dict(top1=50.0, agent_top1=60.0, params=1e6, flops=2e6, agent_params=1e6, agent_flops=2e6, n_val=100)
+    run = lambda m, **kw: res
+    noise = SeedNoise(P, {}, {}, {})
+    failed = gate(False, "teacher T (fine-tune - scratch = +3.02 [+1.37, +4.66])")
+    t1, caption = table_1(P, run, noise, "mini", gates={"S": failed, "B": None})
+    pre = t1[(t1["group"] == "Pre-trained ViTs") & (t1["model"] == "ViT-S")]
+    assert pre["note"].str.contains("its teacher FAILS its gate").all() and "fails its gate" in caption
+    t1, caption = table_1(P, run, noise, "mini", gates={"S": gate(True, "teacher T"), "B": None})
+    assert not t1["note"].fillna("").str.contains("FAILS").any() and "fails its gate" not in caption
+
+
+def test_regimes_name_epochs_images_and_resolution():
+    from attnrepro.bootstrapping import fraction_claim_regime, regime
+    from attnrepro.report import load_profile
+    P = load_profile("bootstrapping_vit", "mini")
+    r = regime(P, "c10")
+    assert "5,000 train" in r and "40 epochs" in r and "32 px" in r and "the paper: 240 epochs" in r
+    f = fraction_claim_regime(P)
+    assert "80 / 40 / 8 epochs (equal optimiser steps)" in f and "5 % / 10 % / 50 %" in f
+    assert "the paper" not in regime(load_profile("bootstrapping_vit", "paper"), "c10")
 
 
 def test_table_3_gains_and_fraction_steps():
