@@ -20,19 +20,21 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'TABLE10_ROWS', 'CLAIM_ROWS', 'SWEEPS',
-           'REF_VARS', 'HEAD_ARM', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention', 'value_weighted',
-           'cls_attention_loss', 'projector_dims', 'Projector', 'patch_alignment_loss', 'CompRessQueue',
-           'compress_loss', 'layer_pairs', 'teacher_targets', 'attndistill_method', 'projector_layer_features',
-           'run_datasets', 'run_teacher', 'figure_images', 'probe_lr', 'quality', 'teacher_quality_run', 'distill_run',
-           'variants', 'variant_config', 'HitArm', 'hit_arm', 'compare', 'claim_gain_over_feature_regression',
-           'claim_gain_across_shapes', 'claim_kl_beats_alternatives', 'claim_projector_design', 'table10_rows',
-           'attndistill_claims', 'reported_getter', 'reported_claims', 'loss_shares', 'config_row',
-           'position_embedding_kind', 'mae_curve_run', 'plot_teacher_vs_students', 'plot_mae_curves', 'plot_sweeps',
-           'plot_cls_attention', 'train_note', 'paper_requirements', 'table_7', 'table_8', 'table_9', 'pilot_order',
-           'table_pilot', 'pilot_reuse', 'table_figure_6', 'runs_arm', 'table_figure_7', 'table10_in_profile',
-           'row_variant', 'ShortRows', 'table_10', 'table_10_reference', 'figure_attention', 'table_attention_kl',
-           'claim_getter', 'claim_evidence']
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'Pre', 'TABLE10_ROWS', 'CLAIM_ROWS',
+           'SWEEPS', 'REF_VARS', 'OFFICIAL_PROJ_LAYERS', 'HEAD_ARM', 'GATE_KINDS', 'INERT_MARGIN', 'clamp_renorm',
+           'aggregate_heads', 'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss', 'projector_dims',
+           'Projector', 'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets',
+           'attndistill_method', 'projector_layer_features', 'run_datasets', 'run_teacher', 'figure_images', 'probe_lr',
+           'quality', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config', 'HitArm', 'hit_arm',
+           'compare', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes', 'claim_kl_beats_alternatives',
+           'claim_projector_design', 'table10_rows', 'attndistill_claims', 'reported_getter', 'reported_claims',
+           'loss_shares', 'config_row', 'position_embedding_kind', 'mae_curve_run', 'plot_teacher_vs_students',
+           'plot_mae_curves', 'plot_sweeps', 'plot_cls_attention', 'train_note', 'paper_requirements', 'table_7',
+           'table_8', 'table_9', 'pilot_order', 'table_pilot', 'pilot_reuse', 'table_figure_6', 'runs_arm',
+           'table_figure_7', 'table10_in_profile', 'row_variant', 'ShortRows', 'table_10', 'table_10_reference',
+           'figure_attention', 'table_attention_kl', 'claim_getter', 'teacher_gates', 'teacher_gate',
+           'chance_agreement', 'seed_agreement', 'within_at', 'arms_not_inert', 'FairTest', 'table_agreement', 'regime',
+           'T10_d', 'claim_evidence']
 
 # %% ../nbs/16_attndistill.ipynb #1fdeea67
 AGGREGATIONS = ("logsum", "mean", "max", "min")
@@ -511,7 +513,7 @@ import pandas as pd
 
 from .report import load_reported, papers_dir
 from .verdicts import (Arm, Estimate, Verdict, all_of, contrast, difference, greater, less, paired_difference,
-                                reported, untestable)
+                                provided, reported, untestable)
 
 CLAIM_TEXTS = {
     "1": "AttnDistill improves the student over feature regression alone in linear probe, and more in k-NN, "
@@ -524,7 +526,8 @@ CLAIM_TEXTS = {
 @dataclass(frozen=True, eq=False)
 class HitArm(Arm):
     """An `Arm` whose seeds also carry their per-image top-1 hits on one shared test set (`correct`: one
-    `pack_correct` string or bool array per seed, in the order of `values`). Two such arms are compared paired."""
+    `pack_correct` string or bool array per seed, in the order of `values`; also set as `Arm.hits`, so every contrast
+    and `verdicts.arms_differ` use them). Two such arms are compared paired."""
     correct: tuple = ()
 
 def hit_arm(values, correct, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
@@ -535,7 +538,7 @@ def hit_arm(values, correct, name: str = "", n_test: int | None = None, sd_seed:
     if len(correct) != len(values):
         raise ValueError(f"hit_arm {name!r}: {len(values)} values but {len(correct)} per-image hit arrays; "
                          "pass one per seed, in the same order")
-    return HitArm(values, name, n_test, sd_seed, sd_df, correct)
+    return HitArm(values, name, n_test, sd_seed, sd_df, correct, hits=correct)
 
 def compare(a: Arm, b: Arm, label: str = "") -> Estimate:
     """`mean(a) - mean(b)`: paired on the shared test images (`paired_difference`) when both arms carry per-image
@@ -544,35 +547,54 @@ def compare(a: Arm, b: Arm, label: str = "") -> Estimate:
         return paired_difference(a, b, a.correct, b.correct, label)
     return difference(a, b, label)
 
+Pre = Callable[[str, Arm, Arm], Sequence[Verdict]]   # (part label, arm a, arm b of `a - b`) -> its preconditions
+
+def _fair(pre: Pre | None, label: str, a: Arm, b: Arm, verdict: Callable[[], Verdict]) -> Verdict:
+    "One part of a claim: its verdict when every precondition `pre(label, a, b)` holds, else untestable (`provided`)."
+    return provided(list(pre(label, a, b)) if pre else [], verdict())
+
 def claim_gain_over_feature_regression(pa_lp: Arm, ad_lp: Arm, pa_knn: Arm | None = None,
-                                       ad_knn: Arm | None = None) -> Verdict:
+                                       ad_knn: Arm | None = None, pre: Pre | None = None) -> Verdict:
     """1: AttnDistill - PA > 0 in linear probe; given k-NN arms, also in k-NN (the k-NN gap to the teacher narrows:
     the teacher's number cancels) and by more in k-NN than in the probe (the LP-to-k-NN drop shrinks). Without k-NN
-    arms only the probe part is decided (`attndistill_claims` then adds the k-NN part as untestable)."""
+    arms only the probe part is decided (`attndistill_claims` then adds the k-NN part as untestable). `pre(label, a,
+    b)`: each part's preconditions (the teacher's gate of that metric, its gap to the student resolved, the arms not
+    inert: `FairTest`); the k-NN - LP part needs both metrics' preconditions."""
     if (pa_knn is None) != (ad_knn is None): raise ValueError("pass both k-NN arms or neither")
-    parts = [greater(compare(ad_lp, pa_lp, "LP: AttnDistill - PA"))]
+    LP, KNN = "LP: AttnDistill - PA", "k-NN: AttnDistill - PA"
+    parts = [_fair(pre, LP, ad_lp, pa_lp, lambda: greater(compare(ad_lp, pa_lp, LP)))]
     if pa_knn is not None:
-        # the difference of differences stays unpaired (conservative: the shared images' noise is counted twice)
-        parts += [greater(compare(ad_knn, pa_knn, "k-NN: AttnDistill - PA")),
-                  greater(contrast([(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], "k-NN gain - LP gain"))]
+        both = (lambda label, a, b: [*pre(KNN, ad_knn, pa_knn), *pre(LP, ad_lp, pa_lp)]) if pre else None
+        # arms with per-image hits (HitArm) pair the difference of differences on the shared images too
+        parts += [_fair(pre, KNN, ad_knn, pa_knn, lambda: greater(compare(ad_knn, pa_knn, KNN))),
+                  _fair(both, "k-NN gain - LP gain", ad_knn, pa_knn, lambda: greater(
+                      contrast([(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], "k-NN gain - LP gain")))]
     return all_of(parts)
 
-def claim_gain_across_shapes(pairs: dict) -> Verdict:
-    "2: AttnDistill - PA > 0 for every student shape (dict shape -> (PA arm, AttnDistill arm))."
+def claim_gain_across_shapes(pairs: dict, pre: Pre | None = None) -> Verdict:
+    """2: AttnDistill - PA > 0 for every student shape (dict shape -> (PA arm, AttnDistill arm)); `pre`: each
+    shape's preconditions (`FairTest`: the arms not inert, both above the floor)."""
     return all_of([untestable(f"{k}: PA and AttnDistill are the same run") if pa is ad else
-                   greater(compare(ad, pa, f"{k}: AttnDistill - PA")) for k, (pa, ad) in pairs.items()])
+                   _fair(pre, f"{k}: AttnDistill - PA", ad, pa,
+                         lambda k=k, pa=pa, ad=ad: greater(compare(ad, pa, f"{k}: AttnDistill - PA")))
+                   for k, (pa, ad) in pairs.items()])
 
-def claim_kl_beats_alternatives(kl: Arm, alternatives: dict) -> Verdict:
+def claim_kl_beats_alternatives(kl: Arm, alternatives: dict, pre: Pre | None = None) -> Verdict:
     "3: the KL attention loss beats each alternative (dict name -> Arm: MSE on attention, weighting by V)."
-    return all_of([untestable(f"KL and {k} are the same run") if a is kl else greater(compare(kl, a, f"KL - {k}"))
+    return all_of([untestable(f"KL and {k} are the same run") if a is kl else
+                   _fair(pre, f"KL - {k}", kl, a, lambda k=k, a=a: greater(compare(kl, a, f"KL - {k}")))
                    for k, a in alternatives.items()])
 
-def claim_projector_design(lp: dict, best: int = 4, margin: float = 0.5) -> Verdict:
+def claim_projector_design(lp: dict, best: int = 4, margin: float = 0.5, pre: Pre | None = None) -> Verdict:
     """4: `lp` maps projector depth -> {evaluation layer -> Arm} (layer 0: before the projector). The `best`-layer
     projector beats every other depth at layer 0, and in every projector no layer j >= 1 beats layer 0 by `margin`
-    points or more (the paper: layer 0 "is always a good choice", not always the best)."""
-    parts = [greater(compare(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")) for n in lp if n != best]
-    parts += [less(compare(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin)
+    points or more (the paper: layer 0 "is always a good choice", not always the best). `pre`: each part's
+    preconditions (`FairTest`: both rows above the floor, so a collapsed projector decides nothing)."""
+    parts = [_fair(pre, f"P{best} - P{n} at layer 0", lp[best][0], lp[n][0],
+                   lambda n=n: greater(compare(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")))
+             for n in lp if n != best]
+    parts += [_fair(pre, f"P{n}: layer {j} - layer 0", by[j], by[0],
+                    lambda n=n, by=by, j=j: less(compare(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin))
               for n, by in lp.items() for j in by if j != 0]
     return all_of(parts)
 
@@ -605,12 +627,17 @@ CLAIM_ROWS = {
     "4": "d",
 }
 
-def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: float = 0.5) -> dict[str, Verdict]:
+def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: float = 0.5,
+                       pre: Callable | None = None) -> dict[str, Verdict]:
     """Every claim of `CLAIM_TEXTS` decided on the Table 10 rows of `CLAIM_ROWS`. `get(key, metric="lp_top1",
     schedule="short")` returns the row's `Arm`, or a string saying why it has none (claim 1 asks for the `headline`
     schedule and for `knn20_top1`). A part the claim names (k-NN, MSE) that has no arm makes the claim untestable, with
-    the reason; an instance of a "for every" (a student shape, a projector layer) without one is left out and named."""
+    the reason; an instance of a "for every" (a student shape, a projector layer) without one is left out and named.
+    `pre(claim_id, part_label, a, b)`: the preconditions of one compared part `a - b` (a fair test: `FairTest`); a part
+    whose preconditions fail is untestable with the reason, never "does not hold". None: no preconditions (the paper's
+    own printed numbers)."""
     rows = table10_rows() if rows is None else rows
+    P = {c: (lambda label, a, b, c=c: pre(c, label, a, b)) if pre else None for c in CLAIM_TEXTS}
     def missing(*xs): return next((x for x in xs if isinstance(x, str)), None)
     def note(v: Verdict, skipped: dict) -> Verdict:
         by_reason = {}
@@ -623,14 +650,14 @@ def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: 
         out["1"] = untestable(why, "LP: AttnDistill - PA")
     else:
         pk, ak = (get(k, "knn20_top1", "headline") for k in CLAIM_ROWS["1"])
-        out["1"] = (all_of([claim_gain_over_feature_regression(pa, ad), untestable(why, "k-NN parts")])
-                    if (why := missing(pk, ak)) else claim_gain_over_feature_regression(pa, ad, pk, ak))
+        out["1"] = (all_of([claim_gain_over_feature_regression(pa, ad, pre=P["1"]), untestable(why, "k-NN parts")])
+                    if (why := missing(pk, ak)) else claim_gain_over_feature_regression(pa, ad, pk, ak, pre=P["1"]))
     pairs, skipped = {}, {}
     for shape, keys in CLAIM_ROWS["2"].items():
         a, b = get(keys[0]), get(keys[1])
         if why := missing(a, b): skipped[shape] = why
         else: pairs[shape] = (a, b)
-    out["2"] = note(claim_gain_across_shapes(pairs), skipped) if pairs else untestable(
+    out["2"] = note(claim_gain_across_shapes(pairs, P["2"]), skipped) if pairs else untestable(
         "; ".join(f"{k}: {w}" for k, w in skipped.items()), "no student shape has both rows")
     kl_key, alt_keys = CLAIM_ROWS["3"]
     kl = get(kl_key)
@@ -639,7 +666,7 @@ def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: 
     else:
         alts = {k: get(v) for k, v in alt_keys.items()}
         have = {k: a for k, a in alts.items() if not isinstance(a, str)}
-        parts = ([claim_kl_beats_alternatives(kl, have)] if have else [])
+        parts = ([claim_kl_beats_alternatives(kl, have, P["3"])] if have else [])
         parts += [untestable(a, f"KL - {k}") for k, a in alts.items() if isinstance(a, str)]
         out["3"] = parts[0] if len(parts) == 1 else all_of(parts)
     lp, skipped = {}, {}
@@ -650,7 +677,7 @@ def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: 
     if 4 not in lp or 0 not in lp[4] or len(lp) < 2 or any(0 not in by for by in lp.values()):
         out["4"] = untestable("the projector sweep lacks layer 0 of the 4-layer or of another projector", "P sweep")
     else:
-        out["4"] = note(claim_projector_design(lp, 4, margin), skipped)
+        out["4"] = note(claim_projector_design(lp, 4, margin, P["4"]), skipped)
     return out
 
 def reported_getter(rows: pd.DataFrame | None = None, root=None) -> Callable:
@@ -707,21 +734,25 @@ def position_embedding_kind(model: nn.Module, kw: Mapping) -> str:
 def mae_curve_run(config: Mapping, ckpt_dir, *, img_size: int, train_aug, train_eval, val_eval, quality: Callable,
                   progress: bool = True) -> dict:
     """Figure 7's run: MAE pre-training of the encoder `config['arch']` on `train_aug`, its CLS features probed (`quality`:
-    linear probe and 20-NN on `train_eval` -> `val_eval`) at every evaluation. Returns the curve and the training time."""
+    linear probe and 20-NN on `train_eval` -> `val_eval`) at every evaluation. Returns the curve, the training time and
+    the last evaluation's per-image hits (`correct`: {"lp_correct", "knn20_correct"} as `pack_correct` strings, for
+    paired comparisons; absent when a finished run is read back from its checkpoint, or `quality` gives none)."""
     torch.manual_seed(0)
     enc = create_student(**encoder_config(dict(config["arch"], img_size=img_size), num_classes=0))
     mae = MAE(enc, **config["mae"])
+    last_hits = {}   # fit's history keeps numbers only: the hits of the latest evaluation are kept here
     def evaluate_fn(model, loader, device):
         e = model.encoder
         ftr, ytr = cls_features(e, train_eval); fva, yva = cls_features(e, val_eval)
         q = quality(ftr, fva, ytr, yva)
+        last_hits.clear(); last_hits.update({k: q[k] for k in ("lp_correct", "knn20_correct") if q.get(k)})
         return {"lp_top1": q["lp_top1"], "knn20_top1": q["knn20_top1"]}
     cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": 0})
     res = fit(mae, train_aug, val_eval, cfg, MAEMethod(log_every=10), ckpt_dir=ckpt_dir, progress=progress,
               evaluate_fn=evaluate_fn)
     curve = [dict(epoch=r["epoch"] + 1, lp_top1=r["val_lp_top1"], knn20_top1=r["val_knn20_top1"], loss=r["loss"])
              for r in res["history"] if "val_lp_top1" in r]
-    return dict(curve=curve, train_s=res["wall_time_s"])
+    return dict(curve=curve, train_s=res["wall_time_s"], **({"correct": dict(last_hits)} if last_hits else {}))
 
 
 # %% ../nbs/16_attndistill.ipynb #1905f13b
@@ -1033,6 +1064,10 @@ class ShortRows:
                                                    sd_seed=sd, sd_df=df)
         return self._arms[var, layer, key]
 
+    def which(self, a: Arm) -> tuple | None:
+        "(variant, layer, metric) of an Arm that `arm` built, or None (an Arm from elsewhere, e.g. the headline's)."
+        return next((k for k, x in self._arms.items() if x is a), None)
+
     def shares(self, var: str) -> dict:
         "Each loss term's part of the last epoch's total loss of a row's seed-0 run (`loss_shares`)."
         return loss_shares(self.short[var]["losses"], {**BASE_OPTS, **self.opts[var][1]}["attn_weight"])
@@ -1050,6 +1085,8 @@ class ShortRows:
 
 # %% ../nbs/16_attndistill.ipynb #88537d9c
 from .report import side_by_side
+
+OFFICIAL_PROJ_LAYERS = 4   # wangkai930418/attndistill: a 4-layer MLP projector; Table 10-d's 8 layers go beyond it
 
 def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
     """Table 10, all groups: per row of `S.rows` the paper's LP top-1/top-5 and ours (mean over the row's runs at its
@@ -1073,6 +1110,13 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
                         f"L_feat (ours, {profile})": sh["feat"], f"L_a raw (ours, {profile})": sh["attn_raw"],
                         f"lambda x L_a (ours, {profile})": sh["attn_weighted"],
                         f"attn term % of loss (ours, {profile})": 100 * sh["attn_share"], "variant": var})
+        row["note"] = ""
+        if var and r.group == "d" and int(r.param) > OFFICIAL_PROJ_LAYERS:
+            lp, floor = S.val(var, j), (S.P.get("pilot") or {}).get("floor")
+            what = "its output collapsed" if j else "the student trained through it"
+            row["note"] = (f"{int(r.param)}-layer projector: beyond the official code's {OFFICIAL_PROJ_LAYERS} layers (our widths "
+                           "extend its pattern)" + (f"; {what}: LP {lp:.2f}, below the {floor:g} % floor, not compared"
+                                                    if floor is not None and lp < floor else ""))
         rows.append(row)
     t10 = pd.DataFrame(rows)
     t10["seed_line"], t10["seeds"] = t10.seed_line.astype("Int64"), t10.seeds.astype("Int64")
@@ -1135,21 +1179,190 @@ def claim_getter(S: ShortRows, head: Mapping, seeds: Sequence[int]) -> Callable:
         return S.arm(var, int(r.eval_layer), metric)
     return get
 
-def claim_evidence(S: ShortRows, head: Mapping, seeds: Sequence[int], teacher_q: Mapping) -> dict[str, str]:
-    "The evidence line of each claim {id: text}: the numbers it compares, and the borrowed seed spread."
+# %% ../nbs/16_attndistill.ipynb #5e1fa7a1
+from .verdicts import INERT_FIX, arm_agreement, arms_differ, at_least, gap_resolved, gate
+
+GATE_KINDS = {"knn": "k-NN", "linear": "linear-probe", "finetune": "fine-tuning"}
+INERT_MARGIN = 1.0   # points: a pair is inert when it agrees per image more often than two seeds of one arm, by more
+
+def teacher_gates(teacher, profile: str = "mini", root=None) -> dict:
+    """The gates the teachers notebook recorded for a named teacher (`table_gates.csv` of `outputs/teachers` at
+    `profile`): {"knn" | "linear" | "finetune": (met, "gate: measured")}; {} for a teacher without a record (the smoke
+    profile's tiny teacher, a user's own)."""
+    from attnrepro.runner import output_dir
+    if not isinstance(teacher, str): return {}
+    p = output_dir("teachers", profile, root) / "table_gates.csv"
+    if not p.exists(): return {}
+    g = pd.read_csv(p)
+    kind = lambda s: "knn" if s.startswith("knn") else "linear" if s.startswith("linear") else "finetune"
+    return {kind(r.gate): (r.verdict == "met", f"{r.gate}: {r.measured}") for r in g[g.teacher == teacher].itertuples()}
+
+def teacher_gate(gates: Mapping, kind: str, teacher) -> Verdict:
+    "Precondition: the teacher passed its `kind` gate (`teacher_gates`); a teacher without a record passes, and says so."
+    if kind not in gates: return Verdict("holds", f"teacher {teacher}: no {GATE_KINDS[kind]} gate on record")
+    met, what = gates[kind]
+    return gate(met, f"teacher {teacher}'s {GATE_KINDS[kind]} gate ({what})")
+
+def chance_agreement(acc_a: float, acc_b: float) -> float:
+    "Per-image agreement (%) of two independent classifiers with top-1 accuracies `acc_a`, `acc_b` (%)."
+    a, b = acc_a / 100, acc_b / 100
+    return 100 * (a * b + (1 - a) * (1 - b))
+
+def seed_agreement(arms: Sequence[Arm]) -> tuple[float, float, int]:
+    """(agreement %, its chance-corrected form kappa, seed pairs), pooled over every pair of seeds within each arm that
+    carries per-image hits: how often two seeds of one arm agree, and how much beyond their accuracies' chance."""
+    pairs = [(100 * (x.hits[i] == x.hits[j]).mean(), chance_agreement(x.values[i], x.values[j]))
+             for x in arms if x.hits is not None for i in range(x.n) for j in range(i + 1, x.n)]
+    if not pairs: return float("nan"), float("nan"), 0
+    A, C = np.mean(pairs, axis=0)
+    return float(A), float((A - C) / (100 - C)), len(pairs)
+
+def within_at(kappa: float, a: Arm, b: Arm) -> float:
+    """The seed-to-seed agreement (%) expected at the accuracies of arms `a` and `b`, from a chance-corrected one
+    (`seed_agreement`'s kappa) measured on other arms: runs with few hits agree by chance more often."""
+    c = chance_agreement(a.mean, b.mean)
+    return c + kappa * (100 - c)
+
+def arms_not_inert(a: Arm, b: Arm, kappa: float | None = None, margin: float = INERT_MARGIN, fix: str = INERT_FIX,
+                   source: str = "borrowed") -> Verdict:
+    """Precondition: arms `a` and `b` (per-image hits, seed for seed) are not inert (`verdicts.arms_differ` with
+    tolerance -`margin`): inert = they agree per test image more often than two seeds of one arm, by more than `margin`
+    points, i.e. the arm moved fewer answers than a new seed would. The seed-to-seed agreement is the arms' own where
+    either has 2+ seeds, else `within_at(kappa, a, b)`, borrowed from `source`."""
+    own = a.n > 1 or b.n > 1
+    within = None if own or kappa is None or not math.isfinite(kappa) else within_at(kappa, a, b)
+    v = arms_differ(a, b, within, tolerance=-margin, fix=fix)
+    src = "the arms' own seeds" if own else f"{source}, at this pair's accuracy" if within is not None else ""
+    if src and a.hits is not None and b.hits is not None:
+        v.statement = v.statement.replace(" of one arm", f" of one arm ({src}; inert above it by more than {margin:g})", 1)
+    return v
+
+class FairTest:
+    """`pre` of `attndistill_claims` on our runs: the preconditions of each compared part `a - b` (see the text above).
+    `S`: the short-schedule rows (their reference pair gives the borrowed seed-to-seed agreement); `teacher_q`: the
+    teacher's quality run; `gates`: `teacher_gates`; `floor`: the regime's floor (%; None: none). Every agreement it
+    measured is kept in `checks` (`table_agreement`)."""
+    def __init__(self, S: ShortRows, teacher_q: Mapping, gates: Mapping, floor: float | None, teacher: str = "teacher"):
+        self.S, self.tq, self.gates, self.floor, self.teacher = S, teacher_q, gates, floor, teacher
+        self.ref_agreement, self.kappa, self.ref_pairs = seed_agreement([S.ref[v, "lp_top1"] for v in REF_VARS])
+        self.checks: list[dict] = []
+
+    def teacher_arm(self, metric: str) -> Arm:
+        "The teacher's score as an exact Arm with its test-set noise (paired where its quality run stored hits)."
+        hits = self.tq.get(metric.replace("_top1", "_correct"))
+        return arm(self.tq[metric], "teacher", n_test=self.S.n_val, sd_seed=0.0, hits=[hits] if hits else None)
+
+    def _var(self, a: Arm) -> str | None:
+        w = self.S.which(a)
+        return w[0] if w else None
+
+    def fix(self, a: Arm, b: Arm) -> str:
+        "The fix of an inert pair: the attention weight that would give its term the base student's share, where it has one."
+        S = self.S
+        have = [v for v in dict.fromkeys((self._var(a), self._var(b))) if v and S.shares(v)["attn_raw"] > 0]
+        if not have or "base_ad" not in S.short: return INERT_FIX
+        target = S.attn_share("base_ad")
+        def need(v):   # lambda' with lambda' L_a / (other + lambda' L_a) = target, the other terms held fixed
+            sh, lam = S.shares(v), {**BASE_OPTS, **S.opts[v][1]}["attn_weight"]
+            other = float(S.short[v]["losses"]["loss"][-1]) - sh["attn_weighted"]
+            return lam, sh["attn_share"], target / (1 - target) * other / sh["attn_raw"]
+        got = {v: need(v) for v in have}
+        return ("a stronger attention weight (the attention term's share of the loss, last epoch: " + ", ".join(
+            f"{v} {100 * s:.1f} % at lambda {lam:g}" for v, (lam, s, _) in got.items()) + "; about lambda " + " / ".join(
+            f"{x:.2g}" for _, _, x in got.values()) + f" would give {'it' if len(got) == 1 else 'each'} the {100 * target:.0f} % it has for the "
+            "non-aggregated base student, to first order), or a longer schedule")
+
+    def __call__(self, claim: str, label: str, a: Arm, b: Arm) -> list[Verdict]:
+        metric = "knn20_top1" if label.startswith("k-NN") else "lp_top1"
+        name = {"lp_top1": "linear-probe", "knn20_top1": "20-NN"}[metric]
+        out = []
+        if claim == "1":
+            out.append(teacher_gate(self.gates, "knn" if metric != "lp_top1" else "linear", self.teacher))
+            gap = difference(self.teacher_arm(metric), b, f"teacher - PA ({name})")
+            out.append(gap_resolved(gap, f"the teacher's {name} lead over the PA student"))
+        if self.floor is not None:
+            for x in dict.fromkeys((b, a)):
+                v = self._var(x)
+                depth = {**BASE_OPTS, **self.S.opts[v][1]}["proj_layers"] if v else OFFICIAL_PROJ_LAYERS
+                what = (x.name if metric in x.name else f"{x.name} {name}") + (
+                    f" ({depth}-layer projector, beyond the official code's {OFFICIAL_PROJ_LAYERS})"
+                    if depth > OFFICIAL_PROJ_LAYERS else "")
+                out.append(at_least(x.mean, self.floor, what))
+        if not (claim == "4" and ": layer" in label) and a is not b:
+            own = a.n > 1 or b.n > 1
+            v = arms_not_inert(a, b, self.kappa, fix=self.fix(a, b), source="the reference pair")
+            out.append(v)
+            if a.hits is not None and b.hits is not None:
+                within = None if own or not math.isfinite(self.kappa) else within_at(self.kappa, a, b)
+                ag = arm_agreement(a, b, within, tolerance=-INERT_MARGIN)
+                share = lambda x: (100 * self.S.attn_share(self._var(x))) if self._var(x) else float("nan")
+                self.checks.append({"claim": claim, "part": label, "a": a.name, "b": b.name, "seeds paired": ag.n_between,
+                                    "agree %": ag.between, "seed-to-seed %": ag.within,
+                                    "seed-to-seed from": "own seeds" if own else "reference pair, rescaled",
+                                    "inert": v.verdict != "holds", "attn % of loss (a)": share(a),
+                                    "attn % of loss (b)": share(b)})
+        return out
+
+def table_agreement(ft: FairTest) -> tuple[pd.DataFrame, str]:
+    "Every compared pair's per-image agreement beside the seed-to-seed agreement (`FairTest.checks`). Returns (table, caption)."
+    t = pd.DataFrame(ft.checks).drop_duplicates(subset=["claim", "part", "a", "b"])
+    return t, (
+        "Per-image agreement of every pair the claims compare (LP hits, or 20-NN hits for claim 1's k-NN part; seed i "
+        "of a with seed i of b, the 'seeds paired'), beside how often two seeds of one arm agree (the arms' own seeds, "
+        f"or the reference pair's, {ft.ref_agreement:.1f} % over {ft.ref_pairs} seed pairs, kappa {ft.kappa:.3f}, "
+        f"rescaled to the pair's accuracy). Inert: agrees more often than two seeds by more than {INERT_MARGIN:g} "
+        "point (the arm moved fewer answers than a new seed would): that part of its claim is untestable. 'attn % of "
+        "loss': the attention term's share of the row's loss in its last epoch (seed 0).")
+
+def regime(recipe: Mapping, schedule: str, n_train: int, teacher_desc: str = "", gates: Mapping | None = None) -> str:
+    "What the verdicts of a schedule (`headline` or `short`) are about, in words, for claims.md (`PaperRun.regime`)."
+    P, tr = recipe, recipe[schedule]["train"]
+    seeds = (f"{len(P['headline']['seeds'])} seeds per arm" if schedule == "headline" else
+             f"seed 0 ({len(P['short'].get('ref_seeds', [0]))} seeds on the reference pair, base PA and AttnDistill)")
+    teacher = P["teacher"] if isinstance(P["teacher"], str) else "a tiny MAE teacher"
+    g = ", ".join(f"{GATE_KINDS[k]} gate {'met' if met else 'NOT met'}" for k, (met, _) in (gates or {}).items()
+                  if k in ("knn", "linear"))
+    return (f"{tr['epochs']} epochs over {n_train:,} images ({train_note(P)}) at {P['img_size']} px, {seeds}; "
+            f"{P['students']['base']['embed_dim']}-d students from {teacher}"
+            + (f" ({', '.join(x for x in (teacher_desc, g) if x)})" if teacher_desc or g else "")
+            + ("" if tr["epochs"] >= 3200 else "; paper: 3200 epochs on ImageNet-Subset at 224 px"))
+
+def T10_d(S: ShortRows) -> pd.DataFrame:
+    "The projector rows (Table 10-d) claim 4 compares."
+    return S.rows[S.rows.group == CLAIM_ROWS["4"]]
+
+def claim_evidence(S: ShortRows, head: Mapping, seeds: Sequence[int], teacher_q: Mapping,
+                   ft: FairTest | None = None) -> dict[str, str]:
+    """The evidence line of each claim {id: text}: the numbers it compares, the borrowed seed spread and, after
+    `attndistill_claims(pre=ft)`, each pair's per-image agreement beside the seed-to-seed one (`ft.checks`)."""
     H = {k: a.mean for k, a in head.items()}
+    def agree(c):
+        xs = {x["part"]: x for x in (ft.checks if ft else []) if x["claim"] == c}
+        return ("; per-image agreement of the pair vs two seeds of one arm: " + ", ".join(
+            f"{p.split(':')[0]} {x['agree %']:.1f} vs {x['seed-to-seed %']:.1f} %" + (" (inert)" if x["inert"] else "")
+            for p, x in xs.items())) if xs else ""
+    floor = (S.P.get("pilot") or {}).get("floor")
+    O = OFFICIAL_PROJ_LAYERS
+    by_depth = {int(n): [S.lp(k) for k in g.key] for n, g in T10_d(S).groupby("param", sort=False)
+                if all(S.variant(k) for k in g.key)}   # LP at eval layers 0..n
+    deep_note = "".join(
+        f"; P{n} is beyond the official code's {O}-layer projector: layer 0 {v[0]:.2f} against P{O}'s "
+        f"{by_depth.get(O, [math.nan])[0]:.2f}, its layers 1-{n} {min(v[1:]):.2f}-{max(v[1:]):.2f}"
+        + (f" (collapsed; below the {floor:g} % floor, so its parts are untestable)" if floor is not None and max(v) < floor
+           else "") for n, v in by_depth.items() if n > O and len(v) > 1)
     T10, lp, share = S.rows, S.lp, lambda key: 100 * S.attn_share(S.variant(key))
     pairs = {k: v for k, v in CLAIM_ROWS["2"].items() if all(S.variant(x) for x in v)}
     kl_key, alts = CLAIM_ROWS["3"]
-    proj = T10[T10.group == CLAIM_ROWS["4"]]
+    proj = T10_d(S)
     return {
         "1": f"headline (seeds {seeds}): LP {H['pa', 'lp_top1']:.2f} -> {H['ad', 'lp_top1']:.2f}, 20-NN "
              f"{H['pa', 'knn20_top1']:.2f} -> {H['ad', 'knn20_top1']:.2f}; k-NN gap to the teacher "
-             f"{teacher_q['knn20_top1'] - H['pa', 'knn20_top1']:.2f} -> {teacher_q['knn20_top1'] - H['ad', 'knn20_top1']:.2f}",
+             f"{teacher_q['knn20_top1'] - H['pa', 'knn20_top1']:.2f} -> {teacher_q['knn20_top1'] - H['ad', 'knn20_top1']:.2f} "
+             f"(teacher: LP {teacher_q['lp_top1']:.2f}, 20-NN {teacher_q['knn20_top1']:.2f})" + agree("1"),
         "2": "LP PA -> AttnDistill (short schedule; share of the attention term in the loss): " + ", ".join(
-             f"{k} {lp(a):.2f} -> {lp(b):.2f} ({share(b):.1f} %)" for k, (a, b) in pairs.items()) + f"; {S.spread_note}",
+             f"{k} {lp(a):.2f} -> {lp(b):.2f} ({share(b):.1f} %)" for k, (a, b) in pairs.items()) + agree("2") + f"; {S.spread_note}",
         "3": "combo student LP (share of the attention term in the loss): " + ", ".join(
-             f"{k} {lp(v):.2f} ({share(v):.1f} %)" for k, v in {"KL": kl_key, **alts}.items()) + f"; {S.spread_note}",
+             f"{k} {lp(v):.2f} ({share(v):.1f} %)" for k, v in {"KL": kl_key, **alts}.items()) + agree("3") + f"; {S.spread_note}",
         "4": "LP by projector depth at eval layers 0..n: " + "; ".join(
              f"P{int(n)}: " + "/".join(f"{lp(k):.2f}" for k in g.key) for n, g in proj.groupby("param", sort=False))
-             + f"; margin 0.5 point; {S.spread_note}"}
+             + deep_note + agree("4") + f"; margin 0.5 point; {S.spread_note}"}

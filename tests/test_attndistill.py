@@ -375,7 +375,7 @@ def test_figure_6_table_and_runs_arm():
     runs = [head["pa", 0], head["pa", 1]]
     a = runs_arm(runs, "lp_top1", 2, "pa", n_test=4)
     assert not isinstance(a, HitArm) and a.values == (12.0, 14.0) and a.n_test == 4
-    for r in runs: r["eval"]["2"]["lp_correct"] = [True, False, True, True]
+    for r in runs: r["eval"]["2"].update(lp_top1=75.0, lp_correct=[True, False, True, True])   # hits match the value
     assert isinstance(runs_arm(runs, "lp_top1", 2, "pa", n_test=4), HitArm)
 
 
@@ -401,3 +401,83 @@ def test_short_rows_and_table_10_on_fake_runs():
     assert ad["seeds"] == len(seeds) and ad["top1_lp (ours, mini)"] == pytest.approx(S.val("base_ad"))
     assert t10["top1_lp (ours, mini)"].astype(str).str.startswith("not reproducible offline").any()
     assert sorted(S.sweep("lambda").value) == sorted(float(v) for v in P["lambdas"])
+
+
+# --- a fair test before a verdict (issue #45) ---------------------------------------------------------------------
+
+def test_teacher_gates_from_the_teachers_table():
+    "The gates the teachers notebook recorded: our MAE teacher passes the probe gate and misses the k-NN gate."
+    from attnrepro.attndistill import teacher_gate, teacher_gates
+    g = teacher_gates("mae_tiny_imagenet_mini", "mini")
+    assert g["knn"][0] is False and g["linear"][0] is True and "2.89x" in g["knn"][1]
+    assert teacher_gate(g, "knn", "t").verdict == "untestable" and teacher_gate(g, "linear", "t").holds
+    assert teacher_gates({"algorithm": "mae"}, "smoke") == {} and teacher_gates("no_such_teacher", "mini") == {}
+    v = teacher_gate({}, "knn", "a user's teacher")
+    assert v.holds and "no k-NN gate on record" in v.statement
+
+
+def test_hit_arm_hits_are_the_arm_hits():
+    from attnrepro.attndistill import hit_arm
+    from attnrepro.verdicts import pack_correct
+    h = np.array([True, False, False, True])
+    a = hit_arm([50.0], [pack_correct(h)], "a")
+    assert a.hits is not None and a.n_test == 4 and a.correct == (pack_correct(h),)
+    with pytest.raises(ValueError, match="do not match its values"):
+        hit_arm([25.0], [h], "wrong")
+
+
+def _hit_run(hits: np.ndarray, layers: int = 9, attn: float = 0.0):
+    "A result-shaped run whose every eval layer scores `hits` (LP and 20-NN), with its loss history."
+    from attnrepro.verdicts import pack_correct
+    acc, packed = round(100 * hits.mean(), 6), pack_correct(hits)
+    ev = {str(j): dict(lp_top1=acc, lp_top5=acc, lp_correct=packed, knn20_top1=acc, knn20_correct=packed)
+          for j in range(layers)}
+    return dict(eval=ev, losses=dict(loss=[2.0, 1.0], loss_feat=[1.5, 1.0 - attn * 0.1], loss_attn=[4.0, attn]))
+
+
+def test_fair_test_on_fake_runs():
+    """FairTest as the paper notebook uses it: the k-NN parts fail the teacher's gate, an arm that moves fewer answers
+    than a new seed is inert (with the lambda that would fix it), a row below the floor is not compared."""
+    from attnrepro.attndistill import (REF_VARS, FairTest, ShortRows, attndistill_claims, claim_evidence, claim_getter,
+                                       regime, row_variant, runs_arm, table10_in_profile, table_10, table_agreement)
+    from attnrepro.report import load_profile
+    P = load_profile("attndistill", "mini")
+    P["headline"]["train"] = P["pilot"]["train"]
+    T10 = table10_in_profile(P)
+    rng = np.random.default_rng(0)
+    truth = rng.random(3000) < 0.2
+    flip = lambda h, p: h ^ (rng.random(h.size) < p)
+    seeds = P["short"]["ref_seeds"]
+    ref = {(v, s): _hit_run(flip(truth, 0.05), attn=0.0 if v == "base_pa" else 3.0) for v in REF_VARS for s in seeds}
+    short = {v: _hit_run(flip(truth, 0.05), attn=3.0 if "_ad" in v else 0.0)
+             for v in dict.fromkeys(row_variant(P, r) for r in T10.itertuples()) if v}
+    short.update({v: ref[v, 0] for v in REF_VARS})
+    short["heads_ad"] = _hit_run(flip(_unpack(short["heads_pa"]), 0.002), attn=0.05)   # inert: 0.2 % of answers moved
+    short["proj8_pa"] = _hit_run(rng.random(3000) < 0.02)                                          # collapsed: 2 %
+    S = ShortRows(P, T10, short, ref, n_val=3000)
+    head_runs = {(m, s): _hit_run(flip(truth, 0.05)) for m in ("pa", "ad") for s in P["headline"]["seeds"]}
+    head = {(m, k): runs_arm([head_runs[m, s] for s in P["headline"]["seeds"]], k, 0, f"{m} {k}", n_test=3000)
+            for m in ("pa", "ad") for k in ("lp_top1", "knn20_top1")}
+    gates = {"knn": (False, "knn top-1 / random init >= 3: 2.9x"), "linear": (True, "linear: 3.4x")}
+    tq = dict(lp_top1=40.0, knn20_top1=30.0)
+    ft = FairTest(S, tq, gates, P["pilot"]["floor"], "t")
+    v = attndistill_claims(claim_getter(S, head, P["headline"]["seeds"]), T10, margin=0.5, pre=ft)
+    assert v["1"].verdict == "untestable" and "t's k-NN gate (knn top-1" in v["1"].statement
+    assert "inert: heads_ad@0 vs heads_pa@0" in v["2"].statement and "about lambda" in v["2"].statement
+    assert "proj8_pa@0 linear-probe (8-layer projector, beyond the official code's 4)" in v["4"].statement
+    t, caption = table_agreement(ft)
+    assert {"agree %", "seed-to-seed %", "inert"} <= set(t.columns) and t[t.inert].a.tolist() == ["heads_ad@0"]
+    assert "rescaled to the pair's accuracy" in caption
+    ev = claim_evidence(S, head, P["headline"]["seeds"], tq, ft)
+    assert "fewer heads" in ev["2"] and "(inert)" in ev["2"] and "(collapsed; below the 5 % floor" in ev["4"]
+    t10, _ = table_10(S, "mini")
+    assert t10[t10.variant == "proj8_pa"].note.str.contains("beyond the official code's 4 layers").all()
+    assert (t10[t10.variant != "proj8_pa"].note == "").all()
+    r = regime(P, "short", 10000, "ViT 192/6/3, patch 8", gates)
+    assert r.startswith("4 epochs over 10,000 images") and "k-NN gate NOT met" in r and "3200 epochs" in r
+    assert regime(P, "headline", 10000).startswith("8 epochs") and "4 seeds per arm" in regime(P, "headline", 10000)
+
+
+def _unpack(run, key="lp_correct"):
+    from attnrepro.verdicts import unpack_correct
+    return unpack_correct(run["eval"]["0"][key])
