@@ -431,7 +431,8 @@ def plot_bench(df: pd.DataFrame, path: str | os.PathLike | None = None, dpi: int
 # %% ../nbs/10_bench.ipynb #804073fd
 @dataclasses.dataclass
 class ThroughputConfig:
-    "The model, batch and data of `run_throughput` (defaults: the CIFAR-10 students of the aal / bootstrapping pilots)."
+    """The model, batch and data of `run_throughput` (defaults: the CIFAR-10 students of the aal / bootstrapping pilots;
+    the gpu profile's shape is embed 192, depth 6, batch 256 on CUDA with `amp`)."""
     img_size: int = 32
     patch_size: int = 4
     embed_dim: int = 96
@@ -443,15 +444,45 @@ class ThroughputConfig:
     augment: str = "weak"
     repeats: int = 3
     threads: int | None = None  # torch threads (None: leave as is)
+    device: str = "cpu"         # cpu or cuda
+    amp: bool = False           # bfloat16 autocast in every path (the reference loop too)
+    workers: int = 4            # DataLoader workers of the reference loop on CUDA (0 on a CPU: the cores train)
+
+class _Utilisation:
+    "Mean GPU utilisation (%) sampled every 0.1 s while the block runs (torch.cuda.utilization: NVML); None on a CPU."
+    def __init__(self, device: str): self.on, self.samples = device.startswith("cuda"), []
+    def __enter__(self):
+        import threading
+        self.stop = threading.Event()
+        def sample():
+            while not self.stop.wait(0.1):
+                try: self.samples.append(float(torch.cuda.utilization()))
+                except Exception: return   # no NVML here: utilisation stays unknown
+        self.thread = threading.Thread(target=sample, daemon=True)
+        if self.on: self.thread.start()
+        return self
+    def __exit__(self, *exc):
+        self.stop.set()
+        if self.on: self.thread.join()
+    @property
+    def mean(self): return statistics.mean(self.samples) if self.samples else None
 
 def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
-    "Images per second of the reference loop, `fit` on tensors and `fit` on the dataset pipeline (median of `repeats`)."
+    """Training images per second, median of `repeats` interleaved rounds, of: `reference` (a plain loop: timm ViT,
+    AdamW, pre-made tensors already on the device), `reference_dataloader` (the same loop fed by a torch DataLoader over
+    the dataset with its per-image augmentation, as a plain script would), `fit_tensors` (`fit` on the same tensors)
+    and `fit_pipeline` (`fit` on the dataset: on CUDA the uint8 images live on the GPU and are augmented batched,
+    `train.BatchAugmentLoader`); `vs_dataloader` is each path over the DataLoader reference, and on CUDA
+    `gpu_util_pct` the mean GPU utilisation while it ran."""
     from attnrepro.data import class_balanced_subset, get_dataset, train_transform
     from attnrepro.models import create_student
     from attnrepro.train import TrainConfig, fit
     cfg = cfg or ThroughputConfig()
     if cfg.images % cfg.batch_size: raise ValueError(f"images={cfg.images} must be a multiple of batch_size={cfg.batch_size}")
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={cfg.device!r} but torch sees no CUDA device here; use device='cpu'")
     if cfg.threads: torch.set_num_threads(cfg.threads)
+    dev = torch.device(cfg.device)
     ds = get_dataset(cfg.dataset, "train", transform=train_transform(cfg.augment, cfg.img_size))
     n_cls = len(ds.classes)
     data = class_balanced_subset(ds, per_class=-(-cfg.images // n_cls), seed=0)
@@ -459,30 +490,48 @@ def run_throughput(cfg: ThroughputConfig | None = None) -> pd.DataFrame:
     if len(data) < cfg.images: raise ValueError(f"{cfg.dataset} has {len(data)} training images, fewer than images={cfg.images}")
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(cfg.images, 3, cfg.img_size, cfg.img_size, generator=g), torch.randint(0, n_cls, (cfg.images,), generator=g)
+    xd, yd = x.to(dev), y.to(dev)
     def model():
         torch.manual_seed(0)
         return create_student("vit", img_size=cfg.img_size, patch_size=cfg.patch_size, embed_dim=cfg.embed_dim,
-                              depth=cfg.depth, num_heads=cfg.num_heads, num_classes=n_cls)
-    tc = TrainConfig(epochs=1, batch_size=cfg.batch_size, lr=1e-3, warmup_epochs=0)
+                              depth=cfg.depth, num_heads=cfg.num_heads, num_classes=n_cls).to(dev)
+    tc = TrainConfig(epochs=1, batch_size=cfg.batch_size, lr=1e-3, warmup_epochs=0, amp=cfg.amp, deterministic=False)
+    def step(m, opt, xb, yb):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.amp):
+            loss = F.cross_entropy(m(xb), yb)
+        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+    def adamw(m): return torch.optim.AdamW(m.parameters(), 1e-3, **({"fused": True} if dev.type == "cuda" else {}))
     def reference():
-        m = model(); opt = torch.optim.AdamW(m.parameters(), 1e-3)
-        for i in range(0, cfg.images, cfg.batch_size):
-            loss = F.cross_entropy(m(x[i:i + cfg.batch_size]), y[i:i + cfg.batch_size])
-            opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
-    runs = {"reference": reference,
-            "fit_tensors": lambda: fit(model(), torch.utils.data.TensorDataset(x, y), None, tc, progress=False),
-            "fit_pipeline": lambda: fit(model(), data, None, tc, progress=False)}
-    load_before, secs = _load1(), {k: [] for k in runs}
+        m = model(); opt = adamw(m)
+        for i in range(0, cfg.images, cfg.batch_size): step(m, opt, xd[i:i + cfg.batch_size], yd[i:i + cfg.batch_size])
+    workers = cfg.workers if dev.type == "cuda" else 0
+    def reference_dataloader():
+        m = model(); opt = adamw(m)
+        dl = torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, shuffle=True, drop_last=True,
+                                         num_workers=workers, pin_memory=dev.type == "cuda",
+                                         persistent_workers=False)
+        for xb, yb in dl: step(m, opt, xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True))
+    runs = {"reference": reference, "reference_dataloader": reference_dataloader,
+            "fit_tensors": lambda: fit(model(), torch.utils.data.TensorDataset(x, y), None, tc, progress=False, device=dev),
+            "fit_pipeline": lambda: fit(model(), data, None, tc, progress=False, device=dev)}
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    load_before, secs, util = _load1(), {k: [] for k in runs}, {k: [] for k in runs}
+    for k, fn in runs.items(): fn(); sync()   # warm-up round: kernels, allocator, DataLoader forks
     for _ in range(cfg.repeats):
         for k, fn in runs.items():
-            t0 = time.perf_counter(); fn(); secs[k].append(time.perf_counter() - t0)
+            with _Utilisation(cfg.device) as u:
+                t0 = time.perf_counter(); fn(); sync(); secs[k].append(time.perf_counter() - t0)
+            if u.mean is not None: util[k].append(u.mean)
     load_after = _load1()
     ref = cfg.images / statistics.median(secs["reference"])
+    dl_ref = cfg.images / statistics.median(secs["reference_dataloader"])
     rows = [dict(path=k, images_per_s=cfg.images / statistics.median(v), fastest_images_per_s=cfg.images / min(v),
-                 vs_reference=(cfg.images / statistics.median(v)) / ref, repeats=len(v)) for k, v in secs.items()]
+                 vs_reference=(cfg.images / statistics.median(v)) / ref,
+                 vs_dataloader=(cfg.images / statistics.median(v)) / dl_ref,
+                 gpu_util_pct=statistics.mean(util[k]) if util[k] else float("nan"), repeats=len(v))
+            for k, v in secs.items()]
     df = pd.DataFrame(rows)
     df.attrs.update(config=dataclasses.asdict(cfg), load_before=load_before, load_after=load_after,
-                    machine=_machine("cpu"), threads=torch.get_num_threads(),
+                    machine=_machine(cfg.device), threads=torch.get_num_threads(),
                     date=datetime.date.today().isoformat(), git_commit=git_commit())
     return df
-

@@ -13,12 +13,14 @@ import yaml
 from .core import project_root
 
 # %% auto #0
-__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'SEED_KEYS', 'BudgetExhausted', 'start_budget', 'clear_budget', 'seconds_left',
-           'measured_seconds', 'load_queue', 'queue_order', 'estimated_seconds', 'projected_seconds', 'fits']
+__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'QUEUE_PROFILE', 'SEED_KEYS', 'BudgetExhausted', 'start_budget', 'clear_budget',
+           'seconds_left', 'measured_seconds', 'load_queue', 'queue_order', 'estimated_seconds', 'projected_seconds',
+           'fits']
 
 # %% ../nbs/24_budget.ipynb #fa8fd229
 BUDGET_ENV = "ATTNREPRO_BUDGET_DEADLINE"   # unix time after which no run may still be running
 QUEUE_FILE = "gpu_queue.yaml"              # papers/<QUEUE_FILE>: the gpu profile's priority order and estimates
+QUEUE_PROFILE = "gpu"                      # the profile the queue's estimates are for
 SEED_KEYS = ("seed", "seeds")
 
 class BudgetExhausted(RuntimeError):
@@ -108,20 +110,20 @@ def estimated_seconds(paper: str, name: str | None, queue: Mapping | None = None
     return None
 
 def projected_seconds(paper: str, name: str | None, config: Mapping, runs_dir: Path | str,
-                      queue: Mapping | None = None) -> tuple[float | None, str]:
-    "(projected seconds, where from: 'measured', 'estimated' or 'unknown') of one run."
+                      queue: Mapping | None = None, profile: str = QUEUE_PROFILE) -> tuple[float | None, str]:
+    "(projected seconds, where from: 'measured', 'estimated' (the queue's estimates: gpu profile only) or 'unknown') of one run."
     m = measured_seconds(config, runs_dir)
     if m is not None: return m, "measured"
-    e = estimated_seconds(paper, name, queue)
+    e = estimated_seconds(paper, name, queue) if profile == QUEUE_PROFILE else None
     return (e, "estimated") if e is not None else (None, "unknown")
 
 def fits(paper: str, name: str | None, config: Mapping, runs_dir: Path | str, queue: Mapping | None = None,
-         running_s: float = 0.0) -> tuple[bool, str]:
+         running_s: float = 0.0, profile: str = QUEUE_PROFILE) -> tuple[bool, str]:
     """Whether a run may start now: no budget set, its cost unknown (it is the measurement), or its projection fits
     in the time left (less `running_s`, seconds other work must still have). Also the reason, in words."""
     left = seconds_left()
     if left is None: return True, "no budget set"
-    cost, source = projected_seconds(paper, name, config, runs_dir, queue)
+    cost, source = projected_seconds(paper, name, config, runs_dir, queue, profile)
     if cost is None: return left > 0, f"cost unknown, {max(left, 0) / 60:.1f} min left"
     ok = cost <= left - running_s
     return ok, f"projected {cost / 60:.1f} min ({source}), {max(left, 0) / 60:.1f} min left"

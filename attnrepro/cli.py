@@ -101,6 +101,7 @@ def _add_bench_parser(sub) -> None:
                    help="instead: images/s of a plain PyTorch loop vs attnrepro's fit on tensors and on the CIFAR-10 "
                         "pipeline (attnrepro.bench.ThroughputConfig; --out defaults to outputs/bench/throughput.csv)")
     b.add_argument("--images", type=int, help="--throughput: images per timed run (default 1280)")
+    # --throughput --device cuda --amp --embed-dim 192 --batch-size 256 --images 25600: the gpu profile's shape (issue 44)
     b.add_argument("--repeats", type=int, help="--throughput: interleaved rounds, median reported (default 3)")
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +251,7 @@ def _throughput(args) -> int:
     from pathlib import Path
     from attnrepro.bench import ThroughputConfig, run_throughput
     from attnrepro.core import atomic_write_text, project_root
-    keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "images", "repeats"]
+    keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "images", "repeats", "device", "amp"]
     df = run_throughput(ThroughputConfig(**{k: getattr(args, k) for k in keys if getattr(args, k) is not None}))
     a = df.attrs
     table = df.to_markdown(index=False, floatfmt=".2f")
@@ -261,8 +262,11 @@ def _throughput(args) -> int:
     atomic_write_text(out.with_suffix(".md"), f"**Training throughput** ({a['date']}, {a['machine']}, 1-min load "
                       f"{_num(a['load_before'])} before / {_num(a['load_after'])} after; commit {a['git_commit']}; config "
                       f"{a['config']}): images/s "
-                      "of a plain PyTorch loop on pre-made tensors (reference), `fit` on the same tensors, and `fit` on "
-                      "the dataset through its augmentation pipeline; medians over interleaved repeats.\n\n" + table + "\n")
+                      "of a plain PyTorch loop on pre-made tensors already on the device (reference), the same loop fed by "
+                      "a torch DataLoader with per-image augmentation (reference_dataloader), `fit` on the same tensors, "
+                      "and `fit` on the dataset through its augmentation pipeline (on CUDA: uint8 images on the GPU, "
+                      "augmented batched); medians over interleaved repeats after a warm-up round; gpu_util_pct: mean "
+                      "GPU utilisation while each ran (CUDA only).\n\n" + table + "\n")
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 

@@ -817,7 +817,7 @@ def manifest_table(results: Mapping[str, Mapping], profile: str) -> tuple[pd.Dat
     manifest = pd.DataFrame([{"teacher": n, "file": r["weights"], "sha256": r["sha256"][:16],
                               "size (MB)": r["size_bytes"] / 2**20, "params": r["teacher_params"],
                               "steps": r["steps"], "images/s": r["images_per_s"],
-                              "saved in": "outputs/teachers/weights" if profile == "mini" else "<runs_dir>/teachers (smoke)"}
+                              "saved in": "outputs/teachers/weights" if profile in ("mini", "gpu") else "<runs_dir>/teachers (smoke)"}
                              for n, r in results.items()])
     return manifest, ("Saved teachers (fp16 safetensors); the json beside each file holds the full "
                       "manifest entry (data, recipe, epochs, wall time, loss curve, git commit, sha256, quality).")
@@ -830,14 +830,23 @@ def check_beats_random(name: str, q: Mapping, n_quality: int) -> tuple[str, Verd
             all_of([greater(difference(fixed(q[f"{m}_top1"], name), fixed(q[f"random_{m}_top1"], "random init"),
                                        f"{m}: {name} - random init")) for m in ("knn", "linear")]))
 
-def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapping[tuple, Mapping]) -> tuple:
+def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapping[tuple, Mapping],
+                cls_entropy: Mapping[str, Mapping] | None = None) -> tuple:
     """The gates table, its caption and the fine-tuning gate claims [(id, text, verdict, evidence)]: the SSL teachers'
-    k-NN / linear ratio to random init, and per gate task fine-tune - scratch against the margin over seeds
-    (`gate_runs` by (task, teacher or None, seed))."""
+    k-NN / linear ratio to random init, per gate task fine-tune - scratch against the margin over seeds
+    (`gate_runs` by (task, teacher or None, seed)), and, with `gates.cls_entropy_max`, how flat each teacher's
+    last-block CLS row is (`cls_entropy`: {teacher: attnrepro.attention.cls_row_entropy(...)}): GTA guides that row
+    and Attention Copy's student reads the class from it, so a nearly uniform row has nothing to transfer there."""
     G = recipe["gates"]
     rows, claims = [], []
     for name, res in results.items():
         q, algo = res["quality"], recipe["teachers"][name]["algorithm"]
+        if G.get("cls_entropy_max") is not None and cls_entropy and name in cls_entropy:
+            e, cap = cls_entropy[name], G["cls_entropy_max"]
+            rows.append(dict(teacher=name, gate=f"last-block CLS-row entropy / uniform <= {cap:g}",
+                             measured=f"{e['mean']:.2f} / {e['uniform']:.2f} nats = {e['ratio']:.2f}",
+                             verdict="met" if e["ratio"] <= cap else "not met",
+                             shortfall="" if e["ratio"] <= cap else f"{e['ratio'] - cap:.2f} over"))
         for metric in ("knn", "linear"):
             if algo == "supervised": continue
             ratio = q[f"{metric}_top1"] / q[f"random_{metric}_top1"]

@@ -292,7 +292,7 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
         for h in ready():
             if slots and len(running) + len(live) >= slots: break
             if h in deferred: continue
-            ok, why = fits(pr.paper, grid[h][0], grid[h][1], pr.runs_dir)
+            ok, why = fits(pr.paper, grid[h][0], grid[h][1], pr.runs_dir, profile=pr.profile)
             if not ok:
                 deferred[h] = why
                 print(f"[grid] not started (budget): {label(h)}: {why}", flush=True)
@@ -314,7 +314,7 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             settle(h, m["job_id"], log=f"(see the logs in {m.get('folder')})")
     left = [h for h in grid if not pr.has_result(h) and h not in fresh]
     if deferred and not failed:
-        proj = [projected_seconds(pr.paper, grid[h][0], grid[h][1], pr.runs_dir)[0] for h in left]
+        proj = [projected_seconds(pr.paper, grid[h][0], grid[h][1], pr.runs_dir, profile=pr.profile)[0] for h in left]
         known = sum(p for p in proj if p is not None)
         raise BudgetExhausted(
             f"{pr.paper} ({pr.profile}): the window's budget is spent for this grid: {len(fresh)} run(s) finished in "

@@ -652,7 +652,9 @@ def build_optimizer(cfg: TrainConfig, modules: Mapping[str, nn.Module]) -> torch
     "The optimiser named by `cfg.optimizer` over `modules` (lr is set per step by the schedule)."
     groups = [g for g in param_groups(modules, cfg.weight_decay, cfg.layer_decay) if g["params"]]
     if not groups: raise ValueError("No trainable parameters: every parameter has requires_grad=False.")
-    if cfg.optimizer == "adamw": return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas))
+    if cfg.optimizer == "adamw":   # fused on a GPU (one kernel for all tensors); the CPU keeps the for-each path
+        fused = all(p.is_cuda for g in groups for p in g["params"])
+        return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), **({"fused": True} if fused else {}))
     if cfg.optimizer == "sgd": return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
     if cfg.optimizer == "lars": return LARS(groups, lr=cfg.lr, momentum=cfg.momentum)
     raise ValueError(f"Unknown optimizer {cfg.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")

