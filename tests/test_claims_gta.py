@@ -6,11 +6,14 @@ import math
 import pandas as pd
 import pytest
 
-from attnrepro.gta import (CLAIM_TEXTS, NO_SPREAD, claim_beats_other_methods, claim_gain_shrinks_with_data,
-                           claim_helps_both_sources, claim_logits_beat_other_features, claim_masks_overlap_better,
-                           claim_transmix_boosts_gta_more, rate_label, seed_spread, seeds_arm)
+import numpy as np
+
+from attnrepro.gta import (CLAIM_TEXTS, NO_SPREAD, SAME_SEED_AGREEMENT, claim_beats_other_methods,
+                           claim_gain_shrinks_with_data, claim_helps_both_sources, claim_logits_beat_other_features,
+                           claim_masks_overlap_better, claim_transmix_boosts_gta_more, not_inert, rate_label, seed_blocked,
+                           seed_spread, seeds_arm, source_gate)
 from attnrepro.report import load_reported
-from attnrepro.verdicts import pooled_sd, reported
+from attnrepro.verdicts import at_least, difference, pooled_sd, reported
 
 T6 = load_reported("gta", "table6_source_weights")
 
@@ -174,3 +177,103 @@ def test_rates_are_fractions():
     assert rate_label(0.15) == "15%" and rate_label(1.0) == "100%"
     with pytest.raises(ValueError):
         rate_label(15)
+
+
+# --- issue 45: paired by seed and image, inert arms, failed preconditions -------------------------------------------
+
+def _hit_rows(acc: list[float], n: int, seed: int, base=None, flip: float = 0.0) -> list[np.ndarray]:
+    """Per-seed hits on `n` test images with the given accuracies (%); with `base`, each seed's hits start from `base`'s
+    and `flip` of the images are redrawn (a method that changes that share of its answers)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i, a in enumerate(acc):
+        h = base[i].copy() if base is not None else np.zeros(n, bool)
+        if base is None or flip:
+            idx = rng.choice(n, int(flip * n), replace=False) if base is not None else np.arange(n)
+            h[idx] = False
+            h[rng.choice(idx, int(round(a * n / 100)) - int(h.sum()), replace=False)] = True
+        rows.append(h)
+    return rows
+
+
+def _arm(name, hits, seeds=(0, 1, 2)):
+    return seeds_arm([100 * h.mean() for h in hits], name, len(hits[0]), hits=hits, seeds=seeds)
+
+
+N = 2000
+BASE_HITS = _hit_rows([40.0, 42.0, 41.0], N, 0)
+BASE = _arm("baseline", BASE_HITS)
+
+
+def test_seed_blocking_removes_what_a_seed_does_to_both_arms():
+    # GTA 2 points under the baseline on every seed, while the seeds themselves spread by 2 points: blocked by seed
+    # the interval is narrow and excludes 0; unblocked (each arm's own spread) it is wide
+    gta = _arm("gta", _hit_rows([38.0, 40.0, 39.0], N, 1, BASE_HITS, flip=0.3))
+    blocked = seed_blocked([(1.0, gta), (-1.0, BASE)])
+    assert abs(blocked.effect + 2.0) < 1e-9 and "blocked by seed" in blocked.n and "paired on test" in blocked.n
+    assert blocked.ci_high < 0 and blocked.half_width < difference(gta, BASE).half_width / 2
+    v = claim_gain_shrinks_with_data({"out": {0.15: gta}}, {"out": {0.15: BASE}})
+    # the rate itself is decided (the one-rate trend is untestable, and "does not hold" outranks it)
+    assert v.verdict == "does not hold" and "GTA - baseline = -2.00" in v.statement and "no trend" in v.statement
+    # arms of other seeds, or of one seed, are not blocked
+    assert seed_blocked([(1.0, _arm("gta", gta.hits.astype(bool), seeds=(3, 4, 5))), (-1.0, BASE)]) is None
+
+
+def test_an_inert_pair_is_untestable_not_decided():
+    # BSS agreeing with naive fine-tuning on every image, seed for seed (its term changed nothing)
+    bss = _arm("bss", [h.copy() for h in BASE_HITS])
+    gta = _arm("gta", _hit_rows([45.0, 47.0, 46.0], N, 2, BASE_HITS, flip=0.3))
+    inert = not_inert(bss, BASE)
+    assert inert.verdict == "untestable" and inert.statement.startswith("inert: ") and "fix:" in inert.statement
+    assert f"{SAME_SEED_AGREEMENT:.0f} %" in inert.statement and "two seeds of one arm" in inert.statement
+    assert not_inert(gta, BASE).verdict == "holds"
+    v = claim_beats_other_methods({"out": gta}, {"out": {"bss": bss}}, baseline={"out": BASE})
+    assert v.verdict == "untestable" and "inert: bss vs baseline" in v.statement
+    # 0.5 % of the answers changed: still within a point of two runs of one seed, still inert
+    nearly = _arm("bss", _hit_rows([40.0, 42.0, 41.0], N, 3, BASE_HITS, flip=0.005))
+    assert not_inert(nearly, BASE).verdict == "untestable"
+    # an inert GTA makes claim 1's part and claim 6's part untestable too
+    same = _arm("gta", [h.copy() for h in BASE_HITS])
+    assert claim_gain_shrinks_with_data({"out": {0.15: same, 1.0: gta}}, {"out": {0.15: BASE, 1.0: BASE}}).verdict == "untestable"
+    assert claim_helps_both_sources({"SL": {"out": same}}, {"SL": {"out": BASE}}).verdict == "untestable"
+    # TransMix that changes nothing on top of GTA: claim 5's interaction is untestable
+    transmix = _arm("transmix", _hit_rows([43.0, 44.0, 45.0], N, 4, BASE_HITS, 0.3))
+    gta_transmix = _arm("gta_transmix", [h.astype(bool) for h in gta.hits])
+    v = claim_transmix_boosts_gta_more({"15%": BASE}, {"15%": transmix}, {"15%": gta}, {"15%": gta_transmix})
+    assert v.verdict == "untestable" and "inert: gta_transmix vs gta" in v.statement
+
+
+def test_an_arm_without_hits_is_inert_only_when_its_scores_are_identical():
+    a, b = seeds_arm([40.0, 41.0], "bss"), seeds_arm([40.0, 41.0], "baseline")
+    assert not_inert(a, b).verdict == "untestable"
+    assert not_inert(seeds_arm([40.0, 41.5], "l2sp"), b).verdict == "holds"
+
+
+def test_a_failed_floor_or_gate_makes_the_claim_untestable_with_its_numbers():
+    gta = _arm("gta", _hit_rows([48.0, 50.0, 49.0], N, 5, BASE_HITS, flip=0.3))
+    assert claim_helps_both_sources({"SSL": {"out": gta}}, {"SSL": {"out": BASE}}).verdict == "holds"
+    floor = at_least(BASE.mean, 45.0, "SSL fine-tuning on out at 15%")
+    v = claim_helps_both_sources({"SSL": {"out": gta}}, {"SSL": {"out": BASE}}, pre={("SSL", "out"): [floor]})
+    assert v.verdict == "untestable" and "is below its floor 45" in v.statement and "GTA - baseline = +8.00" in v.statement
+    flat = dict(per_head=[3.9, 4.0, 4.0], mean=3.97, uniform=4.16, ratio=3.97 / 4.16, n_images=450)
+    peaked = dict(flat, per_head=[1.6, 1.9, 1.3], mean=1.6, ratio=1.6 / 4.16)
+    assert source_gate(peaked, "SL source", "near").verdict == "holds"
+    gate = source_gate(flat, "SSL source", "near")
+    assert gate.verdict == "untestable" and "ratio 0.95" in gate.statement and "gate not passed" in gate.statement
+    for claim in (lambda p: claim_gain_shrinks_with_data({"near": {0.15: gta}}, {"near": {0.15: BASE}}, pre=p),
+                  lambda p: claim_beats_other_methods({"near": gta}, {"near": {"l2sp": BASE}}, pre=p),
+                  lambda p: claim_logits_beat_other_features({"near": gta}, {"near": BASE}, {"near": BASE}, pre=p),
+                  lambda p: claim_transmix_boosts_gta_more({"near": BASE}, {"near": gta}, {"near": gta}, {"near": BASE}, pre=p)):
+        v = claim({"near": [gate]})
+        assert v.verdict == "untestable" and "gate not passed" in v.statement, v
+    # the paper's own numbers stay decided when every precondition holds
+    assert claim_helps_both_sources({"SSL": {"CUB": reported(51.5)}}, {"SSL": {"CUB": reported(41.4)}},
+                                    pre={("SSL", "CUB"): [source_gate(peaked, "iBOT", "CUB")]}).verdict == "holds"
+
+
+def test_claim4_is_untestable_when_trivial_masks_win_and_decided_when_the_masks_beat_them():
+    trivial = {"whole image": 64.0, "centre prior": 38.9}
+    v = claim_masks_overlap_better({"100%": reported(30.5)}, {"100%": reported(19.7)}, trivial=trivial)
+    assert v.verdict == "untestable" and "whole image" in v.statement and "30.50 is below its floor 64" in v.statement
+    assert claim_masks_overlap_better({"VOC12": reported(70.0)}, {"VOC12": reported(65.0)}, trivial=trivial).verdict == "holds"
+
