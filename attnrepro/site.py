@@ -10,24 +10,38 @@ from pathlib import Path
 import pandas as pd
 
 from .core import atomic_write_text, git_commit, project_root
-from .report import _fmt, check_profile, paper_meta
+from .report import RESULT_PROFILES, _fmt, _regime_note, check_profile, paper_meta, shown_verdict
 from .runner import known_papers, output_dir
 from .verdicts import VERDICTS
 
 # %% auto #0
-__all__ = ['SITE_MARKER', 'VERDICT_COLOURS', 'PAGE_CSS', 'site_papers', 'figure_cells', 'render_paper_page', 'dashboard_html',
+__all__ = ['SITE_MARKER', 'VERDICT_COLOURS', 'PAGE_BASE_CSS', 'CLAIMS_CSS', 'PAGE_CSS', 'site_papers', 'site_profiles',
+           'figure_cells', 'claim_sources', 'render_paper_page', 'short_label', 'claims_table', 'dashboard_html',
            'build_site']
 
 # %% ../nbs/20_site.ipynb #21832f00
 SITE_MARKER = ".attnrepro-site"   # marks a folder `build_site` made (and may therefore wipe and rebuild)
 VERDICT_COLOURS = {"holds": "#1a7f37", "does not hold": "#cf222e", "inconclusive": "#9a6700", "untestable": "#6e7781"}
 
+def _order(p: str, root) -> tuple:
+    "Papers first (a seed file: the five papers) in `paper.yaml` order, then the project's own studies (teachers, ...)."
+    meta = paper_meta(p, root) or {}
+    return (not meta.get("seed_file"), meta.get("order", 100), p)
+
 def site_papers(profile: str = "mini", root=None) -> list[str]:
-    "Known papers with results at `profile` (an executed notebook or a claims file), in `paper.yaml` order."
+    """Known papers with results at `profile` (an executed notebook or a claims file): the papers first, in
+    `paper.yaml` order, then the project's own studies (the teachers, the head to head)."""
     root = Path(root or project_root())
     have = [p for p in known_papers(root) if (output_dir(p, profile, root) / f"{p}.ipynb").is_file()
             or (output_dir(p, profile, root) / "claims.csv").is_file()]
-    return sorted(have, key=lambda p: (paper_meta(p, root).get("order", 100), p))
+    return sorted(have, key=lambda p: _order(p, root))
+
+def site_profiles(profile: str, short: str, root=None) -> list[str]:
+    """The profiles whose claims a paper's rows show side by side: `profile` first, then every other committed profile
+    (`RESULT_PROFILES`: mini, gpu) with a claims file for the paper; a smoke or paper site shows its own profile only."""
+    root = Path(root or project_root())
+    if profile not in RESULT_PROFILES: return [profile]
+    return [profile] + [p for p in RESULT_PROFILES if p != profile and (output_dir(short, p, root) / "claims.csv").is_file()]
 
 def _provenance(folder: Path) -> dict:
     "{output file: 'nbs/papers/<p>.ipynb, cell i (id x)'} from the manifest (runner) or runs_used.json (any run)."
@@ -57,12 +71,32 @@ def _figure_html(f: str) -> str:
     return (f'<figure id="{html.escape(Path(f).stem)}" class="attnrepro-figure"><a href="{name}"><img src="{name}" '
             f'alt="{name}" style="max-width:100%"></a><figcaption>{name}</figcaption></figure>')
 
+def claim_sources(claim, outputs: list[str], given: dict | None = None) -> list[str]:
+    """The tables and figures (output names such as `table_2_gaps`, `fig_3`) a claim rests on: the claims file's
+    `rests_on` column (names separated by ',' or ';') or `given[claim id]` (`paper.yaml`'s `claim_sources`) where
+    there is one, else the outputs its statement, evidence or regime names ("Table 2" -> table_2, table_2_*; "Figure
+    3", "Fig. 3" -> fig_3, fig_3_*; or a name itself). Only names in `outputs` are kept."""
+    stems = [Path(o).stem for o in outputs]
+    listed = claim.get("rests_on") if hasattr(claim, "get") else None
+    if isinstance(listed, str) and listed.strip(): names = re.split(r"\s*[,;]\s*", listed.strip())
+    elif given and str(claim.get("id")) in {str(k) for k in given}:
+        names = next(v for k, v in given.items() if str(k) == str(claim.get("id")))
+        names = [names] if isinstance(names, str) else list(names)
+    else:
+        text = " ".join(str(claim.get(k) or "") for k in ("claim", "evidence", "regime"))
+        names = [s for s in stems if re.search(rf"\b{re.escape(s)}\b", text)]
+        for kind, prefix in ((r"Tables?|Tab\.", "table"), (r"Figures?|Fig\.", "fig")):
+            for n in re.findall(rf"\b(?:{kind})\s*([A-Z]?\d+[a-z]?|[A-Z])\b", text):
+                names += [s for s in stems if s == f"{prefix}_{n}" or s.startswith(f"{prefix}_{n}_")]
+    return [s for s in dict.fromkeys(Path(n).stem for n in names) if s in stems]
+
 # %% ../nbs/20_site.ipynb #96663531
 def render_paper_page(nb_path: Path | str, dest: Path | str, title: str, figures: list[str] | None = None,
-                      provenance: dict | None = None, header_md: str = "") -> Path:
+                      provenance: dict | None = None, header_md: str = "", intro_html: str = "") -> Path:
     """The executed notebook `nb_path` as one HTML page (nbconvert, JupyterLab's look) at `dest`. Figures the notebook
     saved as files but does not show (the runner keeps them out of its executed notebooks) are put under the cell that
-    made them as links to the files beside `dest`; `header_md` becomes a first markdown cell."""
+    made them as links to the files beside `dest`; `header_md` becomes a first markdown cell and `intro_html` (the
+    paper's claims) a second, both before the executed notebook."""
     import nbformat
     from nbconvert import HTMLExporter
     nb = nbformat.read(str(nb_path), as_version=4)
@@ -76,7 +110,8 @@ def render_paper_page(nb_path: Path | str, dest: Path | str, title: str, figures
         shown = any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
         if not shown:
             cell.outputs += [nbformat.v4.new_output("display_data", data={"text/html": _figure_html(f)}) for f in figs]
-    if header_md: nb.cells.insert(0, nbformat.v4.new_markdown_cell(header_md))
+    for md in (intro_html, header_md):
+        if md: nb.cells.insert(0, nbformat.v4.new_markdown_cell(md))
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb, resources={"metadata": {"name": title}})
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -92,7 +127,7 @@ def _thumbnail(src: Path, dest: Path, size=(360, 220)) -> None:
         im.save(dest, optimize=True)
 
 def _claims(folder: Path) -> pd.DataFrame:
-    try: return pd.read_csv(folder / "claims.csv", dtype={"id": str, "claimed": str, "n": str})
+    try: return pd.read_csv(folder / "claims.csv", dtype={"id": str, "claimed": str, "n": str, "regime": str})
     except (OSError, ValueError, pd.errors.EmptyDataError): return pd.DataFrame()
 
 def _effect(c) -> str:
@@ -102,54 +137,126 @@ def _effect(c) -> str:
 def _text(v) -> str:
     return "" if v is None or (isinstance(v, float) and v != v) else html.escape(str(v))
 
-PAGE_CSS = """body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5rem auto;max-width:1400px;padding:0 1rem;color:#1f2328}
-h1{font-size:1.6rem} h2{font-size:1.2rem;margin-top:2rem} a{color:#0969da}
-table{border-collapse:collapse;width:100%;font-size:.9rem} th,td{border:1px solid #d0d7de;padding:.35rem .5rem;vertical-align:top;text-align:left}
-th{background:#f6f8fa} td.num{text-align:right;white-space:nowrap} .verdict{font-weight:600;white-space:nowrap}
-td.id,td.n{font-size:.8rem;max-width:10rem;overflow-wrap:anywhere} td.thumbs{min-width:200px}
-.thumbs a{display:inline-block;margin:0 .3rem .3rem 0} .thumbs img{max-width:150px;max-height:100px;border:1px solid #d0d7de}
-details{font-size:.8rem;color:#57606a} .legend span{margin-right:1rem} small{color:#57606a}"""
+def short_label(claim_id: str, k: int, width: int = 6) -> str:
+    """A claim's label in a table: its id when short (`1`, `5a`), else the number it starts with (`1a_low_data` ->
+    `1a`), else its number in the paper's list (`beats_random_mae_cifar10_mini` -> `4`)."""
+    if len(claim_id) <= width: return claim_id
+    m = re.match(r"^(\d+[a-z]?)_", claim_id)
+    return m.group(1) if m else str(k + 1)
+
+PAGE_BASE_CSS = """body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1rem auto;max-width:1400px;padding:0 1rem;color:#1f2328;line-height:1.35}
+h1{font-size:1.4rem;margin:.2rem 0 .4rem} h2{font-size:1.15rem;margin-top:1.6rem} h3{font-size:1rem} a{color:#0969da}
+p.lead{margin:.3rem 0;font-size:.9rem} nav{font-size:.85rem;margin:.3rem 0 .6rem} nav a{margin-right:.6rem}
+.legend span{margin-right:.8rem;font-weight:600} small{color:#57606a}"""
+CLAIMS_CSS = """table.claims{border-collapse:collapse;width:100%;table-layout:fixed;font-size:.85rem;line-height:1.35}
+table.claims th,table.claims td{border:0;border-bottom:1px solid #d0d7de;padding:.25rem .4rem;vertical-align:top;text-align:left;overflow-wrap:anywhere}
+table.claims thead th{background:#f6f8fa;font-size:.8rem;position:sticky;top:0}
+table.claims tr.paper th{background:#eef3f8;font-weight:normal;padding-top:.4rem} table.claims a.short{font-weight:700;font-size:.95rem}
+table.claims .title{color:#57606a} table.claims .counts{margin-left:.5rem;font-size:.8rem}
+table.claims td.label{font-size:.8rem;color:#57606a} table.claims td.verdict{font-weight:600}
+table.claims td.effect{white-space:nowrap;font-variant-numeric:tabular-nums}
+table.claims td.effect small,table.claims td.regime{font-size:.75rem;color:#57606a} table.claims .same{color:#8c959f}
+table.claims .clamp{display:-webkit-box;-webkit-line-clamp:3;-webkit-box-orient:vertical;overflow:hidden}
+table.claims details{font-size:.78rem;color:#57606a} table.claims summary{cursor:pointer;color:#0969da;width:max-content}
+table.claims .rests{font-size:.78rem}
+.figs a{display:inline-block;margin:0 .3rem .3rem 0} .figs img{max-width:150px;max-height:100px;border:1px solid #d0d7de}"""
+PAGE_CSS = PAGE_BASE_CSS + "\n" + CLAIMS_CSS
 
 # %% ../nbs/20_site.ipynb #1e401416
-def dashboard_html(papers: list[dict], profile: str, commit: str) -> str:
-    """The index page: verdict counts per paper, then every claim (paper, claim, verdict, claimed effect, effect and
-    95 % interval, n, smallest detectable effect, evidence) beside the paper's figures (thumbnails linking to them)."""
+def _verdict_cell(c, profile: str) -> str:
+    if c is None: return '<td class="verdict"><small>not run</small></td><td class="effect"></td><td class="regime"></td>'
+    v = str(c.get("verdict"))
+    claimed = _text(c.get("claimed"))
+    effect = _effect(c)
+    return (f'<td class="verdict" style="color:{VERDICT_COLOURS.get(v, "inherit")}">{html.escape(shown_verdict(v, profile))}'
+            f'</td><td class="effect">{effect}{"<br>" if effect and claimed else ""}'
+            f'{f"<small>claimed {claimed}</small>" if claimed and effect else ""}</td>')
+
+def _regime_cell(regime: str, previous: str | None) -> str:
+    if not regime: return '<td class="regime"></td>'
+    if regime == previous: return '<td class="regime"><span class="same">as above</span></td>'
+    return f'<td class="regime"><div class="clamp" title="{html.escape(regime)}">{html.escape(regime)}</div></td>'
+
+def claims_table(papers: list[dict], profiles: list[str], page_links: bool = True, sources: dict | None = None) -> str:
+    """The claims as one table: per paper a header row (name, title, verdict counts per profile), then one row per
+    claim: a short label, the claim in words (its evidence folded in a <details>), and per profile (side by side) the
+    verdict, the effect with its 95 % interval and the regime it is about ("as above" where it repeats the row above).
+    `papers`: dicts with short, title, page (has a page), claims {profile: claims DataFrame} and notes {profile: the
+    regime where the claims file has none}; `sources` {paper: {claim id: html}} adds what each claim rests on."""
+    ncols = 2 + 3 * len(profiles)
+    per = (11, 15, 21) if len(profiles) == 1 else (8, 11, 11)   # verdict, effect, regime (% of the width)
+    label = 5 if len(profiles) == 1 else 4
+    widths = [label, max(20, 100 - label - sum(per) * len(profiles)), *per * len(profiles)]
+    head = "<colgroup>" + "".join(f'<col style="width:{w}%">' for w in widths) + "</colgroup>"
+    head += ("<thead><tr><th>#</th><th>claim (the paper's, in words)</th>" + "".join(
+        f"<th>verdict at {html.escape(p)}</th><th>effect [95 % CI]</th><th>regime at {html.escape(p)}</th>" for p in profiles)
+        + "</tr></thead>")
+    body = []
+    for e in papers:
+        short = html.escape(e["short"])
+        name = f'<a class="short" href="{short}/index.html">{short}</a>' if e.get("page") and page_links else f'<b>{short}</b>'
+        counts = []
+        for p in profiles:
+            cl = e["claims"].get(p)
+            if cl is None or not len(cl): continue
+            vc = cl["verdict"].value_counts()
+            counts.append(f"{html.escape(p)}: " + " · ".join(
+                f'<span style="color:{VERDICT_COLOURS[v]}">{int(vc[v])} {html.escape(shown_verdict(v, p))}</span>'
+                for v in VERDICTS if vc.get(v, 0)))
+        rows = [f'<tr class="paper" id="{short}"><th colspan="{ncols}">{name} <span class="title">{_text(e.get("title"))}'
+                f'</span><span class="counts">{" — ".join(counts) or "<small>no claims file</small>"}</span></th></tr>']
+        ids = list(dict.fromkeys(str(i) for p in profiles if e["claims"].get(p) is not None and len(e["claims"][p])
+                                 for i in e["claims"][p]["id"]))
+        by = {p: {str(c["id"]): c for _, c in e["claims"][p].iterrows()} for p in profiles
+              if e["claims"].get(p) is not None and len(e["claims"][p])}
+        previous = {p: None for p in profiles}
+        for k, cid in enumerate(ids):
+            first = next(by[p][cid] for p in profiles if p in by and cid in by[p])
+            evidence = " ".join(f"<p><b>{html.escape(p)}</b>: {_text(by[p][cid].get('evidence'))}</p>" for p in profiles
+                                if p in by and cid in by[p])
+            rests = (sources or {}).get(e["short"], {}).get(cid, "")
+            cells = (f'<td class="label" title="{html.escape(cid)}">{html.escape(short_label(cid, k))}</td>'
+                     f'<td class="claim">{_text(first.get("claim"))}{f"<div class=rests>{rests}</div>" if rests else ""}'
+                     f'<details><summary>evidence</summary><p>claim <b>{html.escape(cid)}</b></p>{evidence}</details></td>')
+            for p in profiles:
+                c = by.get(p, {}).get(cid)
+                cells += _verdict_cell(c, p)
+                if c is not None:
+                    regime = c.get("regime")
+                    regime = (regime.strip() if isinstance(regime, str) else "") or e.get("notes", {}).get(p, "")
+                    cells += _regime_cell(regime, previous[p])
+                    previous[p] = regime
+            rows.append(f'<tr class="claim" data-paper="{short}" data-claim="{html.escape(cid)}">{cells}</tr>')
+        body.append("<tbody>" + "".join(rows) + "</tbody>")
+    return f'<table class="claims">{head}{"".join(body)}</table>'
+
+def dashboard_html(papers: list[dict], profiles: list[str] | str, commit: str) -> str:
+    """The index page: every claim, papers first, then the project's own studies (`claims_table`: the claim, the
+    verdict, the effect with its interval and the regime, per profile side by side), then each paper's figures as
+    thumbnails linking to its page. `papers` as `claims_table` takes them, plus figures (file names)."""
+    profiles = [profiles] if isinstance(profiles, str) else list(profiles)
     legend = " ".join(f'<span class="verdict" style="color:{VERDICT_COLOURS[v]}">{v}</span>' for v in VERDICTS)
-    summary = ["<tr><th>paper</th><th>title</th><th>runs</th>" + "".join(f"<th>{v}</th>" for v in VERDICTS) + "</tr>"]
-    rows = ["<tr><th>paper</th><th>id</th><th>claim</th><th>verdict</th><th>claimed</th><th>effect [95 % CI]</th>"
-            "<th>n</th><th>smallest detectable</th><th>figures</th></tr>"]
+    nav = " ".join(f'<a href="#{html.escape(p["short"])}">{html.escape(p["short"])}</a>' for p in papers)
+    figs = []
     for p in papers:
-        page = f'<a href="{p["short"]}/index.html">{html.escape(p["short"])}</a>' if p["page"] else html.escape(p["short"])
-        cl = p["claims"]
-        counts = cl["verdict"].value_counts() if "verdict" in cl else pd.Series(dtype=int)
-        summary.append(f'<tr><td>{page}</td><td>{_text(p["title"])}</td><td class="num">{_text(p["runs"])}</td>'
-                       + "".join(f'<td class="num">{int(counts.get(v, 0))}</td>' for v in VERDICTS) + "</tr>")
-        thumbs = "".join(f'<a href="{p["short"]}/{html.escape(f)}" title="{html.escape(f)}"><img src="{p["short"]}/thumbs/'
+        if not p.get("figures"): continue
+        s = html.escape(p["short"])
+        thumbs = "".join(f'<a href="{s}/index.html#{html.escape(Path(f).stem)}" title="{html.escape(f)}"><img src="{s}/thumbs/'
                          f'{html.escape(f)}" alt="{html.escape(p["short"] + " " + f)}"></a>' for f in p["figures"])
-        n = max(len(cl), 1)
-        head = (f'<td rowspan="{n}" id="{html.escape(p["short"])}">{page}<br><small>{_text(p["title"])}</small></td>')
-        tail = f'<td rowspan="{n}" class="thumbs">{thumbs or "<small>no figures</small>"}</td>'
-        if not len(cl):
-            rows.append(f"<tr>{head}<td colspan=\"7\"><small>no claims file</small></td>{tail}</tr>")
-        for k, (_, c) in enumerate(cl.iterrows()):
-            v = _text(c.get("verdict"))
-            cells = (f'<td class="id">{_text(c.get("id"))}</td><td>{_text(c.get("claim"))}<details><summary>evidence</summary>'
-                     f'{_text(c.get("evidence"))}</details></td><td class="verdict" style="color:'
-                     f'{VERDICT_COLOURS.get(c.get("verdict"), "inherit")}">{v}</td><td class="num">{_text(c.get("claimed"))}'
-                     f'</td><td class="num">{_effect(c)}</td><td class="n">{_text(c.get("n"))}</td><td class="num">'
-                     f'{_fmt(c.get("mde")).lstrip("+")}</td>')
-            rows.append(f"<tr>{head if k == 0 else ''}{cells}{tail if k == 0 else ''}</tr>")
+        figs.append(f'<h3 id="figures-{s}">{s}</h3><div class="figs">{thumbs}</div>')
+    shown = " and ".join(f"<b>{html.escape(p)}</b>" for p in profiles)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
-<title>attnrepro results ({html.escape(profile)})</title><style>{PAGE_CSS}</style></head><body>
-<h1>attnrepro: claims checked on our reproductions ({html.escape(profile)} profile)</h1>
-<p>Each paper's headline claims, decided from the 95 % interval of the compared effect over seeds (test-set noise
-included): <span class="legend">{legend}</span>. The paper name opens its executed notebook; thumbnails open its
-figures. Generated by <code>attnrepro site</code> from <code>outputs/&lt;paper&gt;/claims.csv</code> at commit
-<code>{html.escape(commit)}</code>.</p>
-<table class="summary">{"".join(summary)}</table>
-<h2>Claims</h2>
-<table class="claims">{"".join(rows)}</table>
+<title>attnrepro results ({html.escape(", ".join(profiles))})</title><style>{PAGE_CSS}</style></head><body>
+<h1>attnrepro: the papers' claims, checked on our reproductions</h1>
+<p class="lead">Each claim is decided from the 95 % interval of its effect (seeds and test-set noise): <span class="legend">
+{legend}</span> at the {shown} profile{"s, side by side" if len(profiles) > 1 else ""}. A paper's name opens its claims, the
+tables and figures they rest on and its executed notebook; "evidence" unfolds the numbers. Generated by
+<code>attnrepro site</code> from <code>outputs/&lt;paper&gt;/claims.csv</code> at commit <code>{html.escape(commit)}</code>.</p>
+<nav>{nav} · <a href="#figures">figures</a></nav>
+{claims_table(papers, profiles)}
+<h2 id="figures">Figures</h2>
+{"".join(figs) or "<p><small>no figures</small></p>"}
 </body></html>
 """
 
@@ -163,11 +270,34 @@ def _fresh_dir(out: Path) -> None:
     out.mkdir(parents=True)
     (out / SITE_MARKER).write_text("made by `attnrepro site`; rebuilt (wiped) on every run\n")
 
+def _manifest(folder: Path) -> dict:
+    try: return json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError): return {}
+
+def _note(root: Path, short: str, folder: Path) -> str:
+    "The regime a claims file without a `regime` column is about: the profile note of the run that produced it."
+    man = _manifest(folder)
+    if not man: return ""
+    note = _regime_note(root, short, man)
+    return note.split(":", 1)[1].strip() if note.upper().startswith(("MINI PROFILE", "SMOKE PROFILE", "GPU PROFILE")) else note
+
+def _sources_html(claims: pd.DataFrame, outputs: list[str], given: dict, cell_ids: dict) -> dict:
+    "{claim id: 'rests on: table_2 · fig_3' with links into the page} for the claims whose tables or figures are known."
+    out = {}
+    for _, c in claims.iterrows():
+        names = claim_sources(c, outputs, given)
+        links = [f'<a href="#{html.escape(cell_ids[n]) if n in cell_ids else html.escape(n)}">{html.escape(n)}</a>'
+                 for n in names]
+        if links: out[str(c["id"])] = "rests on: " + " · ".join(links)
+    return out
+
 def build_site(profile: str = "mini", out: Path | str | None = None, root=None, papers: list[str] | None = None,
                log=print) -> Path:
     """Render every executed paper notebook at `profile` (`outputs/<paper>/<paper>.ipynb` at mini) to HTML and write
     an index page with the claims dashboard; into `out` (default `outputs/site/` at mini, `outputs/<profile>/site/`
-    otherwise), wiped and rebuilt. Returns the index page."""
+    otherwise), wiped and rebuilt. Each paper's page opens with its claims (statement, verdict, effect, regime, the
+    tables and figures they rest on) before the executed notebook. Where a committed paper also has results at another
+    committed profile (mini and gpu), its claims show at both, side by side (`site_profiles`). Returns the index."""
     root = Path(root or project_root())
     check_profile(profile)
     out = Path(out) if out else output_dir("site", profile, root)
@@ -180,12 +310,15 @@ def build_site(profile: str = "mini", out: Path | str | None = None, root=None, 
         raise ValueError(f"No results at the {profile} profile (outputs/.../<paper>.ipynb or claims.csv); run "
                          f"`attnrepro reproduce --profile {profile}` first")
     _fresh_dir(out)
-    entries = []
+    entries, shown = [], [profile]
     for p in papers:
         src = output_dir(p, profile, root)
-        meta = paper_meta(p, root)
-        try: manifest = json.loads((src / "manifest.json").read_text())
-        except (OSError, ValueError): manifest = {}
+        meta = paper_meta(p, root) or {}
+        manifest = _manifest(src)
+        profiles = site_profiles(profile, p, root)
+        shown += [q for q in profiles if q not in shown]
+        claims = {q: _claims(output_dir(p, q, root)) for q in profiles}
+        notes = {q: _note(root, p, output_dir(p, q, root)) for q in profiles}
         figures = sorted(f.name for f in src.glob("fig_*.png"))
         (out / p).mkdir()
         for f in figures:
@@ -193,14 +326,34 @@ def build_site(profile: str = "mini", out: Path | str | None = None, root=None, 
             _thumbnail(src / f, out / p / "thumbs" / f)
         nb = src / f"{p}.ipynb"
         title = meta.get("title", p)
+        entry = dict(short=p, title=title, page=nb.is_file(), claims=claims, notes=notes, figures=figures,
+                     runs=len(manifest["runs"]) if "runs" in manifest else None)
         if nb.is_file():
-            header = (f"[&larr; all papers](../index.html#{p}) · **{p}** at the **{profile}** profile · commit "
-                      f"`{manifest.get('git_commit', 'unknown')}` · executed notebook `{nb.relative_to(root).as_posix()}`")
-            render_paper_page(nb, out / p / "index.html", f"{p}: {title}", figures, _provenance(src), header)
+            prov = _provenance(src)
+            outputs = sorted({k.rsplit(".", 1)[0] for k in prov} | {f.stem for f in src.glob("table_*.md")}
+                             | {Path(f).stem for f in figures})
+            cell_ids = {k.rsplit(".", 1)[0]: f"cell-id={m.group(1)}" for k, v in prov.items()
+                        if k.startswith("table_") and (m := re.search(r"\(id ([^)]+)\)", v))}
+            sources = {p: _sources_html(claims[profile], outputs, meta.get("claim_sources") or {}, cell_ids)} \
+                if len(claims[profile]) else {}
+            tables = [o for o in outputs if o.startswith("table_")]
+            at = " and ".join(f"**{q}**" for q in profiles)
+            header = (f"[&larr; all papers](../index.html#{p}) · **{p}**: {html.escape(title)} · claims at the {at} "
+                      f"profile{'s' if len(profiles) > 1 else ''}, executed notebook at {profile} "
+                      f"(`{nb.relative_to(root).as_posix()}`, commit `{manifest.get('git_commit', 'unknown')}`)")
+            intro = ('<h2 id="claims">The paper\'s claims, checked</h2>\n'
+                     + claims_table([entry], profiles, page_links=False, sources=sources)
+                     + "\n<p><b>Tables</b> (in the notebook below): "
+                     + (" · ".join(f'<a href="#{html.escape(cell_ids.get(t, t))}">{html.escape(t)}</a>' for t in tables)
+                        or "none") + "</p>\n<p><b>Figures</b>:</p>\n<div class=\"figs\">"
+                     + "".join(f'<a href="#{html.escape(Path(f).stem)}" title="{html.escape(f)}"><img src="thumbs/'
+                               f'{html.escape(f)}" alt="{html.escape(f)}"></a>' for f in figures)
+                     + f"</div>\n<style>{CLAIMS_CSS}</style>\n"
+                     + "<h2>The executed notebook</h2>")
+            render_paper_page(nb, out / p / "index.html", f"{p}: {title}", figures, prov, header, intro)
             log(f"{p}: {out / p / 'index.html'}")
-        entries.append(dict(short=p, title=title, page=nb.is_file(), claims=_claims(src), figures=figures,
-                            runs=len(manifest["runs"]) if "runs" in manifest else None))
+        entries.append(entry)
     index = out / "index.html"
-    atomic_write_text(index, dashboard_html(entries, profile, git_commit(root)))
+    atomic_write_text(index, dashboard_html(entries, shown, git_commit(root)))
     log(f"index: {index}")
     return index

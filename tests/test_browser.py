@@ -4,8 +4,10 @@ JupyterLab is started on 127.0.0.1 with a token at the project root, as `make la
 (driven by Playwright, which never downloads a browser here) opens `nbs/papers/gta.ipynb` and clicks Run > Run All
 Cells, as a person would: no parameters are injected, so the notebook runs at its default (smoke) profile and writes
 `outputs/smoke/gta/`. It must select the project's kernel by itself, finish every cell without an error and show a
-figure. Then the site `attnrepro site` builds from the committed results must load every image of its index and of a
-paper page. Screenshots are saved in pytest's temp dir (the path is printed)."""
+figure. Then the site `attnrepro site` builds from the committed results must read well at 1400 x 900 (claims-table rows
+of at most 6 text lines, at least 8 claims on the first screen, papers first, a paper's page opening with its claims)
+and load every image of its index and of a paper page. Screenshots are saved in pytest's temp dir (the path is
+printed; pytest keeps the last three runs' folders)."""
 import json
 import os
 import secrets
@@ -174,13 +176,25 @@ def test_gta_notebook_runs_all_in_jupyterlab(browser, lab, tmp_path):   # browse
     page.close()
 
 
+# every claims-table row: its height in text lines of its claim cell, and where it stands on the first screen
+CLAIM_ROWS = """() => [...document.querySelectorAll('table.claims tr.claim')].map(r => {
+  const lh = parseFloat(getComputedStyle(r.querySelector('td.claim')).lineHeight), b = r.getBoundingClientRect();
+  return {claim: r.dataset.paper + ' ' + r.dataset.claim, lines: b.height / lh, bottom: b.bottom}; })"""
+SITE_VIEWPORT = {"width": 1400, "height": 900}
+MAX_ROW_LINES, MIN_FIRST_SCREEN_CLAIMS = 6, 8
+
+
 def test_site_index_and_paper_page_load_their_images(browser, tmp_path):
+    """The site of the committed results reads well at 1400 x 900: no claims-table row taller than 6 text lines, at
+    least 8 claims on the first screen, the papers before the teachers and the head to head, a paper's page opening
+    with its claims; every image loads. Screenshots of the index and of a paper's page are kept in pytest's temp dir."""
     from attnrepro.site import build_site
     index = build_site("mini", out=tmp_path / "site", log=lambda s: None)   # the committed results, as `attnrepro site`
-    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page = browser.new_page(viewport=SITE_VIEWPORT)
     outside = []   # the pages ask a CDN for MathJax and require.js; offline here, so those requests are refused
     page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else
                (outside.append(r.request.url), r.abort()))
+    shots = {}
     for name, path in [("index", index), ("gta", index.parent / "gta" / "index.html")]:
         page.goto(path.as_uri())
         page.wait_for_load_state("load")
@@ -188,11 +202,25 @@ def test_site_index_and_paper_page_load_their_images(browser, tmp_path):
                                "ok: i.complete && i.naturalWidth > 0}))")
         broken = [i["src"] for i in images if not i["ok"]]
         assert images and not broken, f"{path}: {len(images)} images, broken: {broken}"
-        page.screenshot(path=str(tmp_path / f"site_{name}.png"), full_page=False)
+        rows = page.evaluate(CLAIM_ROWS)
+        assert rows, f"{path}: no claims table"
+        tall = [r for r in rows if r["lines"] > MAX_ROW_LINES]
+        assert not tall, f"{path}: claims-table rows taller than {MAX_ROW_LINES} lines at 1400 px: {tall}"
+        shots[name] = tmp_path / f"site_{name}.png"
+        page.screenshot(path=str(shots[name]), full_page=False)
+        if name == "index":
+            index_rows, first = rows, sum(r["bottom"] <= SITE_VIEWPORT["height"] for r in rows)
+            assert first >= MIN_FIRST_SCREEN_CLAIMS, f"the first screen shows {first} claims, fewer than {MIN_FIRST_SCREEN_CLAIMS}"
+            papers = list(dict.fromkeys(r["claim"].split()[0] for r in rows))
+            assert papers.index("teachers") > papers.index("gta") and papers.index("head_to_head") > papers.index("gta"), papers
+        else:   # the paper's claims open its page, before the executed notebook
+            text = page.inner_text("body")
+            assert text.index("The paper's claims, checked") < text.index("The executed notebook"), text[:2000]
     page.goto(index.as_uri())
     text = page.inner_text("body")
-    assert "gta" in text and "holds" in text and "[95 % CI]" in text
+    assert "gta" in text and "[95 % CI]" in text and "regime at mini" in text
     links = page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.getAttribute('href'))")
     assert "gta/index.html" in links
-    print(f"\nsite: {index} ({len(outside)} CDN requests refused); screenshots in {tmp_path}")
+    print(f"\nsite: {index} ({len(outside)} CDN requests refused); {len(index_rows)} claims, the first screen shows {first}; "
+          f"screenshots {shots['index']} and {shots['gta']}")
     page.close()

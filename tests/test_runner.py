@@ -48,6 +48,25 @@ def test_run_publishes_outputs_and_manifest(project):
     assert not list((project / "outputs").glob(".staging*"))
 
 
+def test_executed_notebook_is_shareable(project):
+    """The executed notebook names paths relative to the project root (its injected parameters name the published
+    folder, not the staging one), warnings name library files without this machine's site-packages, and tqdm's
+    'IProgress not found' (ipywidgets missing) does not show."""
+    import nbformat
+    run_paper("demo", "mini", root=project, params={"warn_like_a_library": True})
+    path = project / "outputs" / "demo" / "demo.ipynb"
+    nb, text = nbformat.read(str(path), as_version=4), path.read_text()
+    injected, = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert 'out_dir = "outputs/demo"' in injected.source and 'runs_dir = "outputs/demo/runs"' in injected.source
+    assert str(project) not in text and str(project.resolve()) not in text and ".staging" not in text
+    assert "site-packages" not in text and "IProgress" not in text
+    streams = "".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []) if o.output_type == "stream")
+    assert "tqdm/__init__.py:1: UserWarning: a library warning" in streams, streams
+    assert "-> outputs/demo/runs/" in streams, streams   # the run files, as printed when they were written
+    assert nb.metadata.papermill["input_path"] == "nbs/papers/demo.ipynb"
+    assert nb.metadata.papermill["parameters"]["out_dir"] == "outputs/demo"
+
+
 @pytest.mark.parametrize("profile", ["smoke", "paper"])
 def test_other_profiles_never_touch_the_committed_outputs(project, profile):
     run_paper("demo", profile, root=project, params={"counter_file": str(project / "calls.txt")})
@@ -93,7 +112,7 @@ def test_bad_arguments(project):
         run_paper("nonb", "mini", root=project)
     with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'paper'\]"):
         run_paper("demo", "tiny", root=project)
-    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run'\]"):
+    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run', 'warn_like_a_library'\]"):
         run_paper("demo", "mini", root=project, params={"lr": 1})
     with pytest.raises(ValueError, match="reserved"):
         run_paper("demo", "mini", root=project, params={"profile": "paper"})
@@ -192,21 +211,27 @@ def test_log_output_shows_runs_and_claims(project):
     assert "outputs in outputs/demo" in r.stdout
 
 
+def _doc_texts() -> dict:
+    "README.md and every docs/*.md page, {relative path: text}: every command they show is checked."
+    from attnrepro.core import project_root
+    root = project_root()
+    return {p.relative_to(root).as_posix(): p.read_text() for p in [root / "README.md", *sorted((root / "docs").glob("*.md"))]}
+
+
 def test_readme_param_examples_are_settable_in_every_paper():
-    """Every `--param KEY=VALUE` example in the README names a parameter the paper notebooks declare, with a value
-    of its declared type; `seeds` is settable in every paper notebook."""
+    """Every `--param KEY=VALUE` example in the README and docs/ names a parameter the paper notebooks declare, with a
+    value of its declared type; `seeds` is settable in every paper notebook."""
     import re
     from attnrepro.cli import _parse_param
-    from attnrepro.core import project_root
     from attnrepro.runner import RUNNER_PARAMS, check_parameter, notebook_parameters, paper_notebook, runnable_papers
     declared = {p: notebook_parameters(paper_notebook(p)) for p in runnable_papers()}
     assert all("seeds" in d for d in declared.values()), {p: sorted(d) for p, d in declared.items()}
-    examples = re.findall(r"--param (\S+)", (project_root() / "README.md").read_text())
-    assert examples, "the README shows no --param example"
-    for ex in examples:
+    examples = [(f, ex) for f, text in _doc_texts().items() for ex in re.findall(r"--param (\S+)", text)]
+    assert examples, "neither the README nor docs/ show a --param example"
+    for f, ex in examples:
         k, v = _parse_param(ex)
         for p, d in declared.items():
-            assert k in d and k not in RUNNER_PARAMS, f"README example {ex!r}: {p} declares no parameter {k!r}"
+            assert k in d and k not in RUNNER_PARAMS, f"{f} example {ex!r}: {p} declares no parameter {k!r}"
             check_parameter(k, v, d[k])
 
 
@@ -220,18 +245,20 @@ def test_atomic_writes_respect_the_umask(tmp_path):
 
 
 def test_readme_cli_commands_parse_and_the_quick_ones_run(capsys):
-    """Every `attnrepro ...` command shown in the README parses with the real parser and its paper names exist; the
-    ones that train nothing (list, datasets, readme --check) run here."""
+    """Every `attnrepro ...` command shown in the README and docs/ (a line of a shell block, or inline code) parses with
+    the real parser and its paper names exist; the ones that train nothing (list, datasets, readme --check) run here."""
     import re, shlex
     from attnrepro.cli import build_parser
-    from attnrepro.core import project_root
     from attnrepro.runner import known_papers
-    lines = [l.split("#")[0].strip() for l in (project_root() / "README.md").read_text().splitlines()]
-    cmds = [shlex.split(l[l.index("attnrepro ") + len("attnrepro "):]) for l in lines if re.search(r"\.venv/bin/attnrepro ", l)]
-    assert {c[0] for c in cmds} >= {"list", "reproduce", "datasets", "readme"}, cmds
-    for c in cmds:
-        args = build_parser().parse_args(c)
-        assert not getattr(args, "paper", None) or set(args.paper) <= set(known_papers()), c
+    cmds = []
+    for f, text in _doc_texts().items():
+        lines = [l.split(" #")[0].strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S) for l in b.splitlines()]
+        cmds += [(f, l[l.index("attnrepro ") + len("attnrepro "):]) for l in lines if re.search(r"\.venv/bin/attnrepro ", l)]
+        cmds += [(f, c) for c in re.findall(r"`(?:[A-Z_]+=\S+ )*(?:\.venv/bin/)?attnrepro ([^`]+)`", text)]
+    assert {shlex.split(c)[0] for _, c in cmds} >= {"list", "reproduce", "datasets", "readme", "site", "prune"}, cmds
+    for f, c in cmds:
+        args = build_parser().parse_args(shlex.split(c))
+        assert not getattr(args, "paper", None) or set(args.paper) <= set(known_papers()), (f, c)
     assert main(["list"]) == 0 and "--param: seeds=None" in capsys.readouterr().out   # settable parameters shown
     for c in (["datasets"], ["readme", "--check"], ["prune"]):   # prune without --yes only lists
         assert main(c) == 0, (c, capsys.readouterr())
