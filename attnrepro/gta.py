@@ -897,7 +897,7 @@ def _per_key(parts: Mapping, pre: Mapping | None, label: str, extra: Mapping | N
     """The conjunction over keys of each key's parts (`parts[key]`: verdicts), each key's parts `provided` its
     preconditions (`pre[key]` and `extra[key]`), stated once per key."""
     def key_verdict(k, ps):
-        v = ps[0] if len(ps) == 1 else all_of(ps, str(k))
+        v = ps[0] if len(ps) == 1 else all_of(ps)   # each part names its key
         return provided(_pre(pre, k) + _pre(extra, k), v)
     return all_of([key_verdict(k, ps) for k, ps in parts.items()], label)
 
