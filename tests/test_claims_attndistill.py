@@ -223,24 +223,35 @@ def _hits_at(p, n, rng):
 
 
 def test_inert_pairs_make_claims_2_and_3_untestable():
-    "Arms that move fewer answers than a new seed are inert: their parts are 'untestable (inert)' with the fix."
-    from attnrepro.attndistill import arms_not_inert, seed_agreement
+    """The library's rule (across seeds against within; same seed only at >= 99 %) with the tolerance scaled to the
+    seed noise: an inert pair makes its part 'untestable (inert)' with the fix; a differing pair is decided."""
+    from attnrepro.attndistill import arms_not_inert, inert_tolerance, pair_agreement
+    from attnrepro.verdicts import arm_agreement
     rng = np.random.default_rng(0)
-    truth = _hits_at(0.09, 5000, rng)
+    truth = _hits_at(0.09, 10000, rng)
     flip = lambda h, p: h ^ (rng.random(h.size) < p)
-    mk = lambda hs, name: hit_arm([100 * h.mean() for h in hs], hs, name, n_test=5000, sd_seed=0.2, sd_df=4)
-    _, kappa, _ = seed_agreement([mk([flip(truth, 0.03) for _ in range(3)], "ref")])
-    pa = mk([flip(truth, 0.03)], "pa")
-    inert = mk([flip(pa.hits[0].astype(bool), 0.002)], "inert")
-    real = mk([flip(truth, 0.03)], "real")
-    pre = lambda label, a, b: [arms_not_inert(a, b, kappa, fix="a stronger attention weight")]
+    mk = lambda hs, name: hit_arm([100 * h.mean() for h in hs], hs, name, n_test=10000, sd_seed=0.2, sd_df=4)
+    pa = mk([flip(truth, 0.03) for _ in range(3)], "pa")
+    inert = mk([flip(truth, 0.03) for _ in range(3)], "inert")               # the same training: new draws of a seed
+    moved = truth ^ (rng.random(truth.size) < 0.008)                         # a method that moves 0.8 % of the answers
+    real = mk([flip(moved, 0.03) for _ in range(3)], "real")
+    ag = pair_agreement(pa, inert)
+    assert ag.inert and ag.same_seed < 99 and abs(ag.tolerance - inert_tolerance(ag.within)) < 1e-12 < ag.tolerance < 0.35
+    assert pair_agreement(pa, real).inert is False and arm_agreement(pa, real).inert   # at 1 point it would be inert
+    fix = "a stronger attention weight"
+    pre = lambda label, a, b: [arms_not_inert(a, b, fix=fix)]
     v2 = claim_gain_across_shapes({"combo": (pa, inert)}, pre=pre)
-    assert v2.verdict == "untestable" and "inert: " in v2.statement and "fix: a stronger attention weight" in v2.statement
+    assert v2.verdict == "untestable" and "inert: " in v2.statement and f"fix: {fix}" in v2.statement
+    assert "across seeds" in v2.statement and "scaled to this regime's seed noise" in v2.statement
     assert claim_gain_across_shapes({"base": (pa, real)}, pre=pre).verdict in ("holds", "inconclusive", "does not hold")
     v3 = claim_kl_beats_alternatives(inert, {"MSE": pa}, pre=pre)
     assert v3.verdict == "untestable" and "KL - MSE" in v3.statement
-    # identical hits are inert whatever the seed-to-seed agreement
-    assert arms_not_inert(pa, mk([pa.hits[0].astype(bool)], "copy")).verdict == "untestable"
+    # one seed each: only near-identity is caught (>= 99 % seed for seed); another one-seed pair is decided, and says so
+    pa1 = mk(pa.hits[:1], "pa")
+    assert arms_not_inert(pa1, mk([pa.hits[0].astype(bool)], "copy")).verdict == "untestable"
+    assert arms_not_inert(pa1, mk([flip(pa.hits[0].astype(bool), 0.003)], "near copy")).verdict == "untestable"
+    v = arms_not_inert(pa1, mk(inert.hits[:1], "one seed"))
+    assert v.verdict == "holds" and "checked only for near-identity" in v.statement
 
 
 def test_projector_rows_below_the_floor_are_untestable():
@@ -287,7 +298,9 @@ def _committed():
 
 
 def test_committed_mini_claims_get_a_fair_test():
-    "Issue #45 on the committed runs: k-NN untestable (gate, gap), the aggregated pairs inert, P8 below the floor."
+    """Issue #45 on the committed runs: k-NN untestable (gate, gap), P8 below the floor; no pair inert by the library's
+    rule with the scaled tolerance (the multi-seed pairs agree across seeds clearly less than within; the one-seed
+    pairs get the near-identity test only, and none reaches 99 %), so claims 2 and 3 are decided: inconclusive."""
     from attnrepro import attndistill as ad
     P, S, head, seeds, T10, ft, short = _committed()
     v = ad.attndistill_claims(ad.claim_getter(S, head, seeds), T10, margin=0.5, pre=ft)
@@ -296,27 +309,52 @@ def test_committed_mini_claims_get_a_fair_test():
     assert v["1"].verdict == "untestable" and "k-NN gate" in s1 and "gate not passed" in s1
     assert "the teacher's 20-NN lead over the PA student" in s1 and "LP: AttnDistill - PA" in s1
     assert s1.split("; precondition not met")[0].endswith("-> inconclusive")   # the LP part passes its preconditions
-    inert = {x["part"].split(":")[0] for x in ft.checks if x["inert"]}
-    assert {"fewer heads", "combo", "KL - MSE", "KL - weight by V"} <= inert
-    assert not inert & {"LP", "k-NN", "teacher's heads", "half grid (interp)", "2/3 depth"}   # large attention terms
-    assert v["2"].verdict == v["3"].verdict == "untestable" and "a stronger attention weight" in v["3"].statement
+    checks = {x["part"].split(":")[0]: x for x in ft.checks}
+    assert not any(x["inert"] for x in checks.values())
+    across = {k for k, x in checks.items() if x["test"] == "across seeds"}
+    assert across == {"LP", "k-NN", "teacher's heads"}
+    for k in across:   # 0.5-0.8 point below within, against a tolerance of 0.28-0.32
+        x = checks[k]
+        assert 0.25 < x["tolerance"] < 0.35 and x["within %"] - x["across-seed %"] > x["tolerance"] + 0.15, x
+    one = {k: checks[k]["same-seed %"] for k in ("fewer heads", "combo", "KL - MSE", "KL - weight by V")}
+    assert all(96.5 < a < 99 for a in one.values()), one                      # above the reference pair's 94.6, below 99
+    assert round(ft.ref_same_seed, 1) == 94.6
+    assert v["2"].verdict == v["3"].verdict == "inconclusive"
     assert v["4"].verdict == "untestable" and "8-layer projector, beyond the official code's 4" in v["4"].statement
     ev = ad.claim_evidence(S, head, seeds, {**dict(lp_top1=14.3, knn20_top1=7.01)}, ft)
-    assert "(collapsed; below the 5 % floor" in ev["4"] and "(inert)" in ev["2"]
+    assert "(collapsed; below the 5 % floor" in ev["4"] and "(inert)" not in ev["2"]
+    assert "LP 92.8 across seeds vs 93.6 within" in ev["1"] and "fewer heads 98.3 same seed (one seed" in ev["2"]
+    assert "KL - MSE 97.9 same seed (one seed: near-identity only)" in ev["3"]
 
 
 def test_committed_mini_agreement_band_is_not_evidence_of_inertness():
-    "The numbers nbs/16_attndistill.ipynb quotes: arms that surely change training agree with PA as often as seeds do."
+    """The numbers nbs/16_attndistill.ipynb quotes for scaling the tolerance: at 1 point the three multi-seed pairs
+    would be inert, one of them with a resolved paired difference; an arm without the feature regression lands inside
+    the 1-point band; PA students of other shapes land inside even the scaled one."""
     from attnrepro import attndistill as ad
-    from attnrepro.verdicts import agreement
+    from attnrepro.verdicts import agreement, arm_agreement
     P, S, head, seeds, T10, ft, short = _committed()
     ad.attndistill_claims(ad.claim_getter(S, head, seeds), T10, margin=0.5, pre=ft)   # fills ft.checks
-    hits = lambda v: short[v]["eval"]["0"]["lp_correct"]
-    assert round(ft.ref_agreement, 1) == 94.5
-    assert round(agreement(hits("compress_only"), hits("base_pa")), 1) == 94.6
-    assert round(agreement(hits("base_ad_lam0.5"), hits("base_pa")), 1) == 94.0
-    base = next(x for x in ft.checks if x["part"].startswith("teacher's heads"))   # base AttnDistill vs PA, 3 seeds
-    assert (round(base["agree %"], 1), round(base["seed-to-seed %"], 1)) == (94.6, 94.5)
-    # the library's default rule (within 1 point below the seed-to-seed agreement, or above) would call all three inert
-    assert all(agreement(hits(v), hits("base_pa")) >= ft.ref_agreement - 1 for v in ("compress_only", "base_ad_lam0.5"))
-    assert base["agree %"] >= base["seed-to-seed %"] - 1 and not base["inert"]
+    checks = {x["part"].split(":")[0]: x for x in ft.checks}
+    got = {k: (round(checks[k]["across-seed %"], 1), round(checks[k]["within %"], 1)) for k in ("LP", "k-NN", "teacher's heads")}
+    assert got == {"LP": (92.8, 93.6), "k-NN": (93.8, 94.5), "teacher's heads": (94.0, 94.5)}, got
+    # the library's default tolerance would call all three inert ...
+    assert arm_agreement(head["ad", "lp_top1"], head["pa", "lp_top1"]).inert
+    assert arm_agreement(head["ad", "knn20_top1"], head["pa", "knn20_top1"]).inert
+    assert arm_agreement(S.ref["base_ad", "lp_top1"], S.ref["base_pa", "lp_top1"]).inert
+    # ... while AttnDistill moves the 20-NN top-1 beyond its noise (paired over 4 seeds)
+    knn = ad.compare(head["ad", "knn20_top1"], head["pa", "knn20_top1"])
+    assert (round(knn.effect, 2), round(knn.ci_low, 2), round(knn.ci_high, 2)) == (-0.61, -1.09, -0.13)
+    # seed 0 of other rows against the base PA student's seeds 1-2, beside PA's own seed-to-seed agreement
+    pa = S.ref["base_pa", "lp_top1"]
+    w = ad.seed_agreement([pa])[0]
+    tol = ad.inert_tolerance(w)
+    assert round(w, 1) == 95.1 and round(tol, 2) == 0.25
+    across = lambda v: np.mean([agreement(short[v]["eval"]["0"]["lp_correct"], pa.hits[j]) for j in (1, 2)])
+    assert round(across("compress_only"), 1) == 94.2 and w - 1 <= across("compress_only") < w - tol   # no feature regression
+    shapes = {v: across(v) for v in ("depth_pa", "heads_pa", "proj1_pa")}
+    assert all(94.85 <= a < 95.05 and a >= w - tol for a in shapes.values()), shapes    # inert even at the scaled tolerance
+    # the reference level's range (CIFAR-10 mini seeds agree on 76-85 %) does not decide the three pairs
+    for k in ("LP", "k-NN", "teacher's heads"):
+        x = checks[k]
+        assert x["within %"] - x["across-seed %"] > max(ad.inert_tolerance(x["within %"], r) for r in (76, 80, 85))
