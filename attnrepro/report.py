@@ -541,7 +541,7 @@ class PaperRun:
                                "ATTNREPRO_CACHED_ONLY=1 forbids training: unset it to train, or check why the config changed")
         else:
             if not dry_run_steps():   # a device window's budget (attnrepro.budget): start only what can finish
-                ok, why = fits(self.paper, name, config, self.runs_dir)
+                ok, why = fits(self.paper, name, config, self.runs_dir, profile=self.profile)
                 if not ok:
                     raise BudgetExhausted(f"{self.paper} ({self.profile}): run {name or h!r} not started: {why}; every "
                                           f"run finished so far is kept in {self.runs_dir}")

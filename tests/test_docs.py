@@ -34,6 +34,7 @@ def _check(cmd: str) -> str | None:
     if exe == "make":
         missing = [a for a in args if "=" not in a and a not in _make_targets()]
         return f"no make target {missing}" if missing else None
+    if exe == "bash": return None if (ROOT / args[0]).is_file() else f"no script {args[0]}"
     if exe == "conda": return None if (ROOT / args[args.index("-f") + 1]).is_file() else "no environment file"
     if exe == "python" and args[:2] == ["-m", "ipykernel"]: return None  # what `make setup` runs
     if exe == "cd":   # cd DIR && TOOL --path NOTEBOOK

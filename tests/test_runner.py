@@ -110,7 +110,7 @@ def test_bad_arguments(project):
         run_paper("nope", "mini", root=project)
     with pytest.raises(ValueError, match="no notebook yet"):
         run_paper("nonb", "mini", root=project)
-    with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'paper'\]"):
+    with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'gpu', 'paper'\]"):
         run_paper("demo", "tiny", root=project)
     with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run', 'warn_like_a_library'\]"):
         run_paper("demo", "mini", root=project, params={"lr": 1})
@@ -131,7 +131,7 @@ def test_cli_errors_list_valid_choices():
     exe = Path(sys.executable).parent / "attnrepro"  # the console script
     r = subprocess.run([str(exe), "reproduce", "--profile", "huge"],
                        capture_output=True, text=True)
-    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr and "'smoke', 'mini', 'paper'" in r.stderr
+    assert r.returncode == 2 and "invalid choice: 'huge'" in r.stderr and "'smoke', 'mini', 'gpu', 'paper'" in r.stderr
     assert main(["reproduce", "--paper", "nope"]) == 2
     assert main(["reproduce", "--paper", "aal", "--max-device-batch", "0"]) == 2   # named before any notebook starts
     with pytest.raises(SystemExit):
