@@ -1179,8 +1179,8 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
             st = pre_status[s]
             note = _pretrained_note(P, s, st, skip, profile)
             if s in failed:
-                note += (f"; its teacher FAILS its gate ({failed[s].statement}): the row is no evidence about pre-training, "
-                         "and no claim rests on it")
+                note += (f"; its teacher FAILS its gate, {failed[s].statement}: the row is no evidence about "
+                         "pre-training, and no claim rests on it")
             rows.append(_t1_row("Pre-trained ViTs", f"ViT-{s}", ds, run("Pretrained", ds=ds, size=s) if on and st is None else None,
                                 note=note, dagger=int(s == "B")))
             for group, meth in (("Ours Joint", "Joint"), ("Ours Shared", "Shared")):
@@ -1196,9 +1196,8 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
     return t1, ("Top-1 (%), params (M), FLOPs (G multiply-accumulates) on CIFAR-10 and CIFAR-100 (Table 1). "
                 "Ours: CIFAR-100 column = the Tiny-ImageNet proxy named in 'ours on'; ViT-S/B = our scaled sizes (Table 2); "
                 f"final epoch on the full val/test set, seed {P['seeds'][0]}. "
-                + "".join(f"The pre-trained ViT-{s} rows fine-tune {P['pretrained'][s]}, a teacher that fails its gate "
-                          f"({g.statement}): their top-1 says nothing about what pre-training gives, and no claim rests "
-                          "on them. " for s, g in failed.items())
+                + "".join(f"The pre-trained ViT-{s} rows' teacher fails its gate, {g.statement}: their top-1 says nothing "
+                          "about what pre-training gives, and no claim rests on them. " for s, g in failed.items())
                 + " ".join(dict.fromkeys(noise.note(ds) for ds in noise.ds_label)))
 
 # %% ../nbs/13_bootstrapping.ipynb #da346777
@@ -1369,17 +1368,17 @@ def viz_figures(recipe: Mapping, viz: Mapping[str, Mapping], images):
                f"table{10 + k}_features_image{k + 1}")
 
 # %% ../nbs/13_bootstrapping.ipynb #7aa50f58
-PAPER_REGIME = dict(epochs=240, img_size=224, text="the paper: 240 epochs on the full 50k-image CIFAR sets at 224 px, patch 16")
+PAPER_REGIME = dict(epochs=240, img_size=224, text="the paper: 240 epochs, 50k images, 224 px")
 
 def regime(recipe: Mapping, ds: str, profile: str = "") -> str:
     """What the verdicts on dataset `ds`'s rows are about, in words (claims.md's regime): data, model, schedule, seeds,
     and the paper's regime where ours differs from it."""
     P, d, v = recipe, recipe["datasets"][ds], recipe["vits"]["S"]
     ep, patch = d.get("epochs", P["train"]["epochs"]), d.get("patch_size", P["patch_size"])
-    seeds = list(d.get("seeds", P["seeds"]))
-    out = (f"{d['label']}; ViT-S/{patch} ({v['embed_dim']} x {v['depth']}, {v['num_heads']} heads) at {P['img_size']} px, "
-           f"{ep} epochs, batch {P['train']['batch_size']}; headline rows {len(seeds)} seed{'s' if len(seeds) > 1 else ''}, "
-           "the other rows one; no pre-trained teacher (Joint and Shared start from scratch)")
+    n = len(d.get("seeds", P["seeds"]))
+    label = d["label"] + ("" if "epoch" in d["label"] else f", {ep} epochs") + ("" if "patch" in d["label"] else f", patch {patch}")
+    out = (f"{label}; ViT-S {v['embed_dim']} x {v['depth']}; headline rows {n} seed{'s' if n > 1 else ''}, others 1; "
+           "no teacher")
     if (ep, P["img_size"]) != (PAPER_REGIME["epochs"], PAPER_REGIME["img_size"]): out += f"; {PAPER_REGIME['text']}"
     return out
 
@@ -1391,9 +1390,9 @@ def fraction_claim_regime(recipe: Mapping) -> str:
     eps = [fraction_epochs(P, f).get("epochs", d.get("epochs", P["train"]["epochs"])) for f in FR["values"]]
     return (f"Table 3: {' / '.join(_pct(f) for f in FR['values'])} of {d['label'].split(',')[0]}'s training images at "
             f"{' / '.join(map(str, eps))} epochs" + (" (equal optimiser steps)" if FR.get("equal_steps") else "")
-            + f", ViT-{fraction_size(recipe)}/{d.get('patch_size', P['patch_size'])} ({v['embed_dim']} x {v['depth']}) at "
-            f"{P['img_size']} px; the headline fraction's rows {n} seed{'s' if n > 1 else ''}, the others one; "
-            "the paper: ImageNet-1k fractions at 224 px")
+            + f", {P['img_size']} px, patch {d.get('patch_size', P['patch_size'])}, ViT-{fraction_size(recipe)} "
+            f"{v['embed_dim']} x {v['depth']}; {_pct(d['fraction'])} rows {n} seed{'s' if n > 1 else ''}, others 1; no "
+            "teacher; the paper: ImageNet-1k fractions, 224 px")
 
 def dataset_evidence(*rows: Mapping[str, Arm], not_claimed: Sequence[str] = (), profile: str = "") -> str:
     """Evidence of a claim on every dataset: each dataset's rows' means ({dataset label: Arm} per row), and the datasets

@@ -648,8 +648,9 @@ def test_regimes_name_epochs_images_and_resolution():
     r = regime(P, "c10")
     assert "5,000 train" in r and "40 epochs" in r and "32 px" in r and "the paper: 240 epochs" in r
     f = fraction_claim_regime(P)
-    assert "80 / 40 / 8 epochs (equal optimiser steps)" in f and "5 % / 10 % / 50 %" in f
-    assert "the paper" not in regime(load_profile("bootstrapping_vit", "paper"), "c10")
+    assert "80 / 40 / 8 epochs (equal optimiser steps)" in f and "5 % / 10 % / 50 %" in f and "32 px, patch 4" in f
+    rp = regime(load_profile("bootstrapping_vit", "paper"), "c10")
+    assert "the paper" not in rp and "240 epochs, patch 16" in rp
 
 
 def test_table_3_gains_and_fraction_steps():

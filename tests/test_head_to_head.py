@@ -65,3 +65,73 @@ def test_attndistill_kl_is_ce_plus_the_cls_kl():
     _, m = create_method("attndistill_kl", s, t)
     assert [term.name for term in m.terms] == ["attn", "ce"]
     assert "teacher_size" in method_info("aal").options and "teacher_size" in method_info("deit_hard").options
+
+
+# ---------------------------------------------------------------- a fair test before a verdict (issue #45)
+def _committed(P):
+    "The committed mini runs: (R at the headline size, F by images per class), or None when they are not here."
+    import json
+    from attnrepro.core import config_hash
+    from attnrepro.runner import output_dir
+    runs = output_dir("head_to_head", "mini") / "runs"
+    def coll(rows, pc=None):
+        out = {}
+        for r in rows:
+            paths = [runs / f"{config_hash(c)}.json" for _, c in h2h.grid(P, [r], pc)]
+            if not all(p.is_file() for p in paths): return None
+            out[r["name"]] = [json.loads(p.read_text())["result"] for p in paths]
+        return out
+    R = coll(P["rows"])
+    if R is None: return None
+    best = h2h.best_of_groups(P, R)
+    arms = [r for r in P["rows"] if r["name"] == "scratch" or r["name"] in best.values()]
+    F = {pc: R if pc == P["data"]["per_class"] else coll(arms, pc) for pc in P["fractions"]["per_class"]}
+    return (R, F, best) if all(v is not None for v in F.values()) else None
+
+
+def test_rows_that_follow_their_paper_and_rows_that_read_the_cls_row():
+    P = load_profile("head_to_head", "mini")
+    rows, left_out = h2h.paper_rows(P, "ViT")
+    assert set(left_out) == {"Attention Distillation (all blocks)", "AttnDistill CLS-KL"}
+    assert rows == ["fine-tune", "fine-tune + GTA", "Attention Copy", "Attention Distillation (first 3/4)"]
+    reads = {r["name"] for r in P["rows"] if h2h.reads_cls_row(r)}
+    assert reads == {"fine-tune + GTA", "AttnDistill CLS-KL", "fine-tune + GTA + attn. distill"}
+    assert h2h.composition_fix(P, "fine-tune + GTA + attn. distill", "fine-tune + GTA").startswith("a stronger weight of attn_distill")
+    for e in (h2h.experiment(P, r, 0) for r in P["rows"]):   # `deviation` is read by the claims, never a config key
+        assert "deviation" not in str(e.to_config())
+
+
+def test_a_random_vit_fails_the_cls_row_gate():
+    "A random-init ViT's CLS row is near-uniform: the source gate fails, naming the entropy and the gate."
+    from attnrepro.attention import CLS_ENTROPY_GATE
+    torch.manual_seed(0)
+    m = create_student("vit", **SHAPE, num_classes=10)
+    val = [(torch.randn(3, 32, 32), 0) for _ in range(8)]
+    e, g = h2h.source_cls_gate(m, val, n_images=8, name="a random ViT")
+    assert e["ratio"] > CLS_ENTROPY_GATE and e["n_images"] == 8 and g.verdict == "untestable"
+    assert "a random ViT" in g.statement and f"at most {CLS_ENTROPY_GATE:g}" in g.statement
+
+
+def test_committed_composition_1_is_inert_and_the_size_claim_needs_equal_steps():
+    """On the committed mini runs: fine-tune + GTA + attn. distill agrees with fine-tune + GTA on more test images than two
+    seeds of one row (inert: untestable with a fix, not inconclusive); the data sizes train unequal steps, so the gain's
+    change with the data size is untestable; the paper-following ViT rows are tested with the source gate."""
+    from attnrepro.verdicts import arm_agreement, gate
+    P = load_profile("head_to_head", "mini")
+    got = _committed(P)
+    if got is None: pytest.skip("the committed head_to_head mini runs are not here")
+    R, F, best = got
+    comp, part = "fine-tune + GTA + attn. distill", "fine-tune + GTA"
+    ag = arm_agreement(h2h.row_arm(R[comp], comp), h2h.row_arm(R[part], part))
+    assert ag.inert and ag.same_seed > 99.5 and ag.within < 96   # 10-35 images of 10k differ seed for seed
+    v = h2h.claim_composition(R, comp, h2h.COMPOSITION_PARTS[comp])
+    assert v.verdict == "untestable" and "inert" in v.statement and "fix:" in v.statement
+    assert h2h.steps_by_size(F) == {50: [30], 125: [90], 500: [390]} and not h2h.equal_steps(F).holds
+    out = {c[0]: c for c in h2h.claims(P, R, F, best, source_gate=gate(False, "CLS-row gate"))}
+    assert out["vit_gain_shrinks_with_data"][2].verdict == "untestable" and "30 / 90 / 390" in out["vit_gain_shrinks_with_data"][4]
+    vit = out["vit_rows_beat_scratch"]
+    assert vit[2].verdict == "untestable" and "CLS-row gate" in vit[2].statement and "left out: AttnDistill CLS-KL" in vit[3]
+    assert "Attention Distillation (all blocks) -" not in vit[2].statement   # not the paper's recipe: left out
+    passed = {c[0]: c for c in h2h.claims(P, R, F, best, source_gate=gate(True, "CLS-row gate"))}
+    assert passed["vit_rows_beat_scratch"][2].verdict == "does not hold"   # with a passed gate GTA's -3 points decide it
+    assert out["composition_1"][2].verdict == "untestable" and out["composition_3"][2].verdict == "holds"
