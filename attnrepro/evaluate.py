@@ -13,9 +13,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['JSD_MATCHINGS', 'topk_accuracy', 'ensemble_softmax', 'knn_accuracy', 'LinearProbe', 'linear_probe',
-           'extract_features', 'linear_cka', 'head_jsd', 'upsample_maps', 'max_box_acc', 'whole_image_box_acc',
-           'attention_mass_mask', 'boxes_to_mask', 'attention_mask_jaccard']
+__all__ = ['JSD_MATCHINGS', 'MAXBOXACC_GT_ENDS', 'topk_accuracy', 'ensemble_softmax', 'knn_accuracy', 'LinearProbe',
+           'linear_probe', 'extract_features', 'linear_cka', 'head_jsd', 'upsample_maps', 'max_box_acc',
+           'whole_image_box_acc', 'attention_mass_mask', 'boxes_to_mask', 'attention_mask_jaccard']
 
 # %% ../nbs/05_evaluate.ipynb #c5870f93
 def _tensor(x, name: str, dtype=torch.float32) -> torch.Tensor:
@@ -282,9 +282,16 @@ def _check_boxes(b, h: int, w: int, where: str) -> np.ndarray:
                          f"(inclusive-exclusive pixels: x1 is the last column + 1); got {b[bad].tolist()}")
     return b
 
-def _inclusive(b: np.ndarray) -> np.ndarray:
-    "Exclusive-end boxes -> wsolevaluation's inclusive corners (x0, y0, x1 - 1, y1 - 1)."
-    return b - np.array([0, 0, 1, 1])
+MAXBOXACC_GT_ENDS = "inclusive"   # the ground-truth box rule `max_box_acc` follows by default (wsolevaluation's)
+_GT_ENDS = ("inclusive", "exclusive")
+
+def _gt_corners(b: np.ndarray, gt_ends: str) -> np.ndarray:
+    """Ground-truth boxes (x0, y0, x1, y1), x1 = last column + 1, as the inclusive corners `_box_iou` reads:
+    'inclusive' keeps them (wsolevaluation: column x1 and row y1 count), 'exclusive' drops the last column and row
+    (attnrepro's rule before issue #45, for comparing with numbers recorded under it)."""
+    if gt_ends not in _GT_ENDS:
+        raise ValueError(f"gt_ends must be one of {_GT_ENDS} ('inclusive': wsolevaluation's rule), got {gt_ends!r}")
+    return b if gt_ends == "inclusive" else b - np.array([0, 0, 1, 1])
 
 def _box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     "IoU matrix (len(a), len(b)) of inclusive-corner boxes, as wsolevaluation's `calculate_multiple_iou`."
@@ -370,8 +377,11 @@ def _minmax(m: np.ndarray) -> np.ndarray:
     return np.zeros_like(m) if hi == lo else (m - lo) / (hi - lo)
 
 def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (0.5,),
-                cam_curve_interval: float = 0.01, multi_contour: bool = False) -> dict[str, float]:
-    "MaxBoxAcc (percent) of (N,h,w) score maps against per-image (k,4) exclusive-end boxes: `{'iou50': ..., 'mean': ...}`."
+                cam_curve_interval: float = 0.01, multi_contour: bool = False,
+                gt_ends: str = MAXBOXACC_GT_ENDS) -> dict[str, float]:
+    """MaxBoxAcc (percent) of (N,h,w) score maps against per-image (k,4) boxes (x1 = last column + 1):
+    `{'iou50': ..., 'mean': ...}`. `gt_ends`: how the ground truth's x1, y1 count (`_gt_corners`; default wsolevaluation's)."""
+    _gt_corners(np.zeros((1, 4)), gt_ends)   # an unknown rule fails before any map is scored
     maps = _tensor(score_maps, "score_maps", torch.float64).numpy()
     if maps.ndim != 3:
         raise ValueError(f"max_box_acc: expected score maps of shape (N, h, w), got {maps.shape}")
@@ -387,7 +397,7 @@ def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (
     n, h, w = maps.shape
     hits = np.zeros((len(ious), len(cams)))
     for i in range(n):
-        gt = _inclusive(_check_boxes(boxes[i], h, w, f"max_box_acc: image {i}"))
+        gt = _gt_corners(_check_boxes(boxes[i], h, w, f"max_box_acc: image {i}"), gt_ends)
         img = (_minmax(maps[i]) * 255).astype(np.uint8)   # the reference's uint8 score map
         top = int(img.max())
         for j, t in enumerate(cams):
@@ -399,12 +409,15 @@ def max_box_acc(score_maps, boxes: Sequence, iou_thresholds: Sequence[float] = (
     return out
 
 # %% ../nbs/05_evaluate.ipynb #429059e2
-def whole_image_box_acc(boxes: Sequence, h: int, w: int, iou_thresholds: Sequence[float] = (0.3, 0.5, 0.7)) -> dict:
+def whole_image_box_acc(boxes: Sequence, h: int, w: int, iou_thresholds: Sequence[float] = (0.3, 0.5, 0.7),
+                        gt_ends: str = MAXBOXACC_GT_ENDS) -> dict:
     """MaxBoxAcc's floor: the share (%) of images whose best ground-truth box overlaps the whole image with IoU >= t,
-    as `{"iou30": ..., "iou50": ..., "iou70": ...}` (the keys `max_box_acc` uses)."""
+    as `{"iou30": ..., "iou50": ..., "iou70": ...}` (the keys `max_box_acc` uses); `gt_ends` as in `max_box_acc`."""
     full = np.array([[0, 0, w - 1, h - 1]])   # the whole image in the reference's inclusive corners
-    best = np.array([_box_iou(full, _inclusive(_check_boxes(b, h, w, "whole_image_box_acc")))[0].max() for b in boxes])
+    best = np.array([_box_iou(full, _gt_corners(_check_boxes(b, h, w, "whole_image_box_acc"), gt_ends))[0].max()
+                     for b in boxes])
     return {f"iou{round(100 * t)}": float(100 * (best >= t).mean()) for t in iou_thresholds}
+
 
 # %% ../nbs/05_evaluate.ipynb #f2b79b43
 def attention_mass_mask(attn, keep_mass: float = 0.6) -> torch.Tensor:

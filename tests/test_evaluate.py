@@ -478,9 +478,9 @@ def test_max_box_acc_matches_reference_on_random_blobs(multi_contour):
     rng = np.random.default_rng(6)
     maps, gt_incl = random_wsol_case(rng, 24, 16)
     cams = np.arange(0, 1, 0.02)
-    ours = E.max_box_acc(maps, [g + np.array([0, 0, 1, 1]) for g in gt_incl], iou_thresholds=(0.3, 0.5, 0.7),
-                         cam_curve_interval=0.02, multi_contour=multi_contour)
-    refs = wsol_max_box_acc(maps, gt_incl, (30, 50, 70), cams, multi_contour)
+    boxes = [g + np.array([0, 0, 1, 1]) for g in gt_incl]   # x1 = last column + 1, attnrepro's (and CUB's x + w)
+    ours = E.max_box_acc(maps, boxes, iou_thresholds=(0.3, 0.5, 0.7), cam_curve_interval=0.02, multi_contour=multi_contour)
+    refs = wsol_max_box_acc(maps, boxes, (30, 50, 70), cams, multi_contour)   # the reference gets the same numbers
     assert [ours["iou30"], ours["iou50"], ours["iou70"]] == pytest.approx(refs)
     assert ours["mean"] == pytest.approx(np.mean(refs))
     assert 0 < refs[1] < 100   # the case exercises hits and misses
@@ -522,23 +522,31 @@ def test_max_box_acc_matches_opencv_reference():
         assert [(cv_bounding_rect(c), cv_contour_area(c)) for c in suzuki_find_contours(b)] == \
                [(cv2.boundingRect(c), cv2.contourArea(c)) for c in find(b)]
     for multi in (False, True):
-        ours = E.max_box_acc(maps, [g + np.array([0, 0, 1, 1]) for g in gt_incl], (0.3, 0.5, 0.7), 0.01, multi)
-        refs = wsol_max_box_acc(maps, gt_incl, (30, 50, 70), np.arange(0, 1, 0.01), multi, **fns)
+        boxes = [g + np.array([0, 0, 1, 1]) for g in gt_incl]
+        ours = E.max_box_acc(maps, boxes, (0.3, 0.5, 0.7), 0.01, multi)
+        refs = wsol_max_box_acc(maps, boxes, (30, 50, 70), np.arange(0, 1, 0.01), multi, **fns)
         assert [ours["iou30"], ours["iou50"], ours["iou70"]] == pytest.approx(refs)
 
 def test_max_box_acc_known_cases():
     m = np.zeros((1, 24, 24))
     box = [np.array([[4, 6, 14, 16]])]       # 10x10 pixels, columns 4..13
     m[0, 6:16, 4:14] = 1.0
-    # the reference reads the component's box (4, 6, 14, 16) as inclusive, 11x11: IoU 100 / 121 = 0.83
-    assert E.max_box_acc(m, box, (0.5, 0.8, 0.9)) == {"iou50": 100.0, "iou80": 100.0, "iou90": 0.0,
-                                                       "mean": pytest.approx(200 / 3)}
-    edge = np.zeros((1, 24, 24)); edge[0, 14:24, 14:24] = 1.0   # at the bottom-right edge the box is clipped
-    assert E.max_box_acc(edge, [np.array([[14, 14, 24, 24]])], (1.0,))["iou100"] == 100.0
+    # the reference reads the component's box (4, 6, 14, 16) and the ground truth (4, 6, 14, 16) alike, as inclusive
+    # corners (11x11): a map that is exactly the box scores IoU 1
+    assert E.max_box_acc(m, box, (0.5, 0.9, 1.0)) == {"iou50": 100.0, "iou90": 100.0, "iou100": 100.0, "mean": 100.0}
+    # the rule before issue #45 read the ground truth as (4, 6, 13, 15), 10x10: IoU 100 / 121 = 0.83
+    assert E.max_box_acc(m, box, (0.5, 0.8, 0.9), gt_ends="exclusive") == {"iou50": 100.0, "iou80": 100.0, "iou90": 0.0,
+                                                                          "mean": pytest.approx(200 / 3)}
+    # at the bottom-right edge the estimated box is clipped to (14, 14, 23, 23), one short of the ground truth's 24
+    edge = np.zeros((1, 24, 24)); edge[0, 14:24, 14:24] = 1.0
+    assert E.max_box_acc(edge, [np.array([[14, 14, 24, 24]])], (0.82, 0.83)) == {"iou82": 100.0, "iou83": 0.0, "mean": 50.0}
+    assert E.max_box_acc(edge, [np.array([[14, 14, 24, 24]])], (1.0,), gt_ends="exclusive")["iou100"] == 100.0
     far = np.zeros((1, 24, 24)); far[0, 18:24, 18:24] = 1.0
     assert E.max_box_acc(far, box)["iou50"] == 0.0
-    half = np.zeros((1, 24, 24)); half[0, 6:11, 4:14] = 1.0  # top half: box 11x6, 60 shared: IoU 60 / 106
-    assert E.max_box_acc(torch.tensor(half), box, (0.56, 0.57)) == {"iou56": 100.0, "iou57": 0.0, "mean": 50.0}
+    half = np.zeros((1, 24, 24)); half[0, 6:11, 4:14] = 1.0  # top half: box 11x6 of the 11x11 truth: IoU 66 / 121
+    assert E.max_box_acc(torch.tensor(half), box, (0.54, 0.55)) == {"iou54": 100.0, "iou55": 0.0, "mean": 50.0}
+    assert E.max_box_acc(torch.tensor(half), box, (0.56, 0.57), gt_ends="exclusive") == {"iou56": 100.0, "iou57": 0.0,
+                                                                                         "mean": 50.0}   # 60 / 106
     # two gt boxes: the best-matching one counts
     assert E.max_box_acc(far, [np.array([[4, 6, 14, 16], [18, 18, 24, 24]])])["iou50"] == 100.0
 
@@ -559,18 +567,27 @@ def test_max_box_acc_largest_contour_vs_multi_contour():
 def test_max_box_acc_constant_map_predicts_the_corner_pixel():
     # the reference normalises a constant map to zeros; nothing is above any threshold, and the box is (0, 0, 0, 0)
     m = np.full((1, 10, 10), 0.3)
-    assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.01,))["iou1"] == 100.0   # IoU 1 / 60
+    assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.01,))["iou1"] == 100.0   # IoU 1 / 77
     assert E.max_box_acc(m, [np.array([[0, 0, 10, 6]])], (0.1,))["iou10"] == 0.0
-    assert E.max_box_acc(m, [np.array([[0, 0, 1, 1]])], (1.0,))["iou100"] == 100.0
+    assert E.max_box_acc(m, [np.array([[0, 0, 1, 1]])], (0.25, 0.26)) == {"iou25": 100.0, "iou26": 0.0, "mean": 50.0}
+    assert E.max_box_acc(m, [np.array([[0, 0, 1, 1]])], (1.0,), gt_ends="exclusive")["iou100"] == 100.0
 
 def test_whole_image_box_acc_matches_reference_iou():
     rng = np.random.default_rng(4)
     _, gt_incl = random_wsol_case(rng, 30, 16)
     full = np.array([[0, 0, 15, 15]])   # the reference's box of a map whose foreground touches every edge
-    best = np.array([wsol_calculate_multiple_iou(full, g).max() for g in gt_incl])
-    got = E.whole_image_box_acc([g + np.array([0, 0, 1, 1]) for g in gt_incl], 16, 16, (0.05, 0.1, 0.2))
-    assert [got["iou5"], got["iou10"], got["iou20"]] == pytest.approx([100 * (best >= t).mean() for t in (0.05, 0.1, 0.2)])
-    assert E.whole_image_box_acc([np.array([[0, 0, 8, 16]])], 16, 16, (0.5,)) == {"iou50": 100.0}   # half: IoU 0.5
+    boxes = [g + np.array([0, 0, 1, 1]) for g in gt_incl]   # x1 = last column + 1
+    ts = (0.05, 0.1, 0.2)
+    best = np.array([wsol_calculate_multiple_iou(full, b).max() for b in boxes])   # the reference gets the same numbers
+    got = E.whole_image_box_acc(boxes, 16, 16, ts)
+    assert [got["iou5"], got["iou10"], got["iou20"]] == pytest.approx([100 * (best >= t).mean() for t in ts])
+    # the rule before issue #45 scored the corners one smaller
+    best_old = np.array([wsol_calculate_multiple_iou(full, g).max() for g in gt_incl])
+    old = E.whole_image_box_acc(boxes, 16, 16, ts, gt_ends="exclusive")
+    assert [old["iou5"], old["iou10"], old["iou20"]] == pytest.approx([100 * (best_old >= t).mean() for t in ts])
+    # the left half [0, 8] x [0, 16] counts 9 x 17 pixels: IoU 144 / 265
+    assert E.whole_image_box_acc([np.array([[0, 0, 8, 16]])], 16, 16, (0.54, 0.55)) == {"iou54": 100.0, "iou55": 0.0}
+    assert E.whole_image_box_acc([np.array([[0, 0, 8, 16]])], 16, 16, (0.5,), gt_ends="exclusive") == {"iou50": 100.0}
 
 def test_max_box_acc_errors():
     m = np.zeros((2, 8, 8))
@@ -583,6 +600,35 @@ def test_max_box_acc_errors():
         E.max_box_acc(m, [np.array([[0, 0, 9, 4]])] * 2)
     with pytest.raises(ValueError, match="NaN"):
         E.max_box_acc(np.full((2, 8, 8), np.nan), good)
+    with pytest.raises(ValueError, match="gt_ends must be one of"):
+        E.max_box_acc(m, good, gt_ends="half-open")
+    with pytest.raises(ValueError, match="gt_ends must be one of"):
+        E.whole_image_box_acc(good, 8, 8, gt_ends="half-open")
+
+
+def test_max_box_acc_golden_single_box_follows_wsolevaluation():
+    """Golden case (issue #45): maps that light exactly one ground-truth box. wsolevaluation reads the ground truth's
+    x1 column and y1 row as part of the box, as it reads the estimated box's x + w, so every such map scores IoU 1;
+    the rule before issue #45 dropped them and scored the small boxes below IoU 0.3."""
+    rng = np.random.default_rng(45)
+    n, size = 40, 32
+    maps, boxes = np.zeros((n, size, size)), []
+    for i in range(n):
+        w, h = rng.integers(1, 9, 2)
+        x0, y0 = rng.integers(0, size - 9, 2)
+        maps[i, y0:y0 + h, x0:x0 + w] = 1.0
+        boxes.append(np.array([[x0, y0, x0 + w, y0 + h]]))
+    new = E.max_box_acc(maps, boxes, (0.3, 0.5, 0.7, 1.0))
+    assert new == {"iou30": 100.0, "iou50": 100.0, "iou70": 100.0, "iou100": 100.0, "mean": 100.0}
+    assert [new["iou30"], new["iou50"], new["iou70"]] == pytest.approx(
+        wsol_max_box_acc(maps, boxes, (30, 50, 70), np.arange(0, 1, 0.01)))
+    old = E.max_box_acc(maps, boxes, (0.3, 1.0), gt_ends="exclusive")
+    # by hand: a w x h box scored against (w + 1) x (h + 1) corners, IoU wh / ((w + 1)(h + 1))
+    iou_old = np.array([(b[0, 2] - b[0, 0]) * (b[0, 3] - b[0, 1]) / ((b[0, 2] - b[0, 0] + 1) * (b[0, 3] - b[0, 1] + 1))
+                        for b in boxes])
+    assert old["iou30"] == pytest.approx(100 * (iou_old >= 0.3).mean()) and old["iou30"] < 100.0
+    assert old["iou100"] == 0.0
+    assert E.MAXBOXACC_GT_ENDS == "inclusive"
 
 def test_upsample_maps():
     x = torch.rand(3, 4, 5)
