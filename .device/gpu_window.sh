@@ -29,6 +29,9 @@ if [ "${1:-}" = "--prepare" ]; then
     pure_eval decorator fastjsonschema jsonschema jsonschema-specifications referencing rpds-py platformdirs tenacity \
     submitit timm==1.0.31 ipython_pygments_lexers
   cp -f ../shared/data/cifar10-jpg.tar.gz "$CARRY/data/"
+  # the device gets a copy of the tree without .git: the commit its runs record (prepare right before the window)
+  git rev-parse HEAD > "$CARRY/COMMIT"
+  [ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)outputs')" ] || echo "-dirty" >> "$CARRY/COMMIT"
   du -sh "$CARRY"; exit 0
 fi
 MINUTES=${1:-8}
@@ -42,6 +45,7 @@ else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 [ -d "$CARRY/data" ] && export ATTNREPRO_DATA=$PWD/$CARRY/data
+if [ -z "${ATTNREPRO_GIT_COMMIT:-}" ] && [ -f "$CARRY/COMMIT" ]; then export ATTNREPRO_GIT_COMMIT=$(tr -d '\n' < "$CARRY/COMMIT"); fi
 python3 - <<'PY'
 import torch; print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "| torch", torch.__version__)
 PY

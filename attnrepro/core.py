@@ -111,8 +111,10 @@ def git_commit(root: Path | str | None = None) -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
+        # outputs/ is what runs write, not what makes them: a regeneration of several papers in one go would
+        # otherwise mark every paper after the first as dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)outputs"],
+                               cwd=root, capture_output=True, text=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return os.environ.get("ATTNREPRO_GIT_COMMIT") or "unknown"
