@@ -414,7 +414,7 @@ def arms_differ(a: Arm, b: Arm, within: float | None = None, tolerance: float | 
         return Verdict("holds", f"{a.name} and {b.name} differ in score (not checked per image: no hits recorded)")
     ag = arm_agreement(a, b, within, tolerance)
     if ag.inert:
-        est = seed_blocked_difference(a, b)
+        est = seed_blocked_difference(a, b) if ag.same_seed < IDENTICAL_AGREEMENT else None   # < 1 % moved: inert
         if est is not None and (est.ci_low > 0 or est.ci_high < 0):
             return Verdict("holds", f"arms differ: {ag}; but the effect is resolved blocked by seed ({est}), so not inert")
         return untestable(f"inert: {ag}; fix: {fix}")

@@ -76,7 +76,10 @@ def test_gpu_window_script_runs_the_queue_and_packs_what_finished(tmp_path):
     import os, subprocess, tarfile
     from attnrepro.core import project_root
     root = project_root()
-    env = dict(os.environ, OUT=str(tmp_path), GPU_WINDOW_PROFILE="smoke", GPU_WINDOW_PAPERS="teachers")
+    import sys
+    # the script runs `python3`: this interpreter's (the venv's), as on the device the image's
+    env = dict(os.environ, OUT=str(tmp_path), GPU_WINDOW_PROFILE="smoke", GPU_WINDOW_PAPERS="teachers",
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     r = subprocess.run(["bash", str(root / ".device" / "gpu_window.sh"), "0.001"], cwd=root, env=env,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]

@@ -46,11 +46,11 @@ def test_claims_hold_on_the_papers_numbers(checked):
 
 
 def _arms(seed=0, n=4000):
-    "scratch (seeds agree on ~ 80 % of images), an arm that changes ~ 1 % of its answers, one with its own fifth."
+    "scratch (seeds agree on ~ 80 % of images), an arm that changes ~ 0.4 % of its answers, one with its own fifth."
     rng = np.random.default_rng(seed)
     easy = rng.random(n) < 0.35
     base = [easy ^ (rng.random(n) < 0.1) for _ in range(2)]
-    same = [b ^ (rng.random(n) < 0.01) for b in base]
+    same = [b ^ (rng.random(n) < 0.004) for b in base]   # near-identical seed for seed (>= 99 %)
     shift = easy ^ (rng.random(n) < 0.2)
     other = [shift ^ (rng.random(n) < 0.1) for _ in range(2)]
     mk = lambda H, name: arm([100 * h.mean() for h in H], name, hits=[pack_correct(h) for h in H])

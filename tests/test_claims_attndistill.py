@@ -237,7 +237,7 @@ def test_inert_pairs_make_claims_2_and_3_untestable():
     real = mk([flip(moved, 0.03) for _ in range(3)], "real")
     ag = pair_agreement(pa, inert)
     assert ag.inert and ag.same_seed < 99 and abs(ag.tolerance - inert_tolerance(ag.within)) < 1e-12 < ag.tolerance < 0.35
-    assert pair_agreement(pa, real).inert is False and arm_agreement(pa, real).inert   # at 1 point it would be inert
+    assert pair_agreement(pa, real).inert is False and arm_agreement(pa, real, tolerance=1.0).inert   # at 1 point it would be inert
     fix = "a stronger attention weight"
     pre = lambda label, a, b: [arms_not_inert(a, b, fix=fix)]
     v2 = claim_gain_across_shapes({"combo": (pa, inert)}, pre=pre)
@@ -310,10 +310,12 @@ def test_committed_mini_claims_get_a_fair_test():
     assert "the teacher's 20-NN lead over the PA student" in s1 and "LP: AttnDistill - PA" in s1
     assert s1.split("; precondition not met")[0].endswith("-> inconclusive")   # the LP part passes its preconditions
     checks = {x["part"].split(":")[0]: x for x in ft.checks}
-    assert not any(x["inert"] for x in checks.values())
+    # the only inert pair: P1 (one seed) against P4's other seeds, in claim 4, untestable anyway (P8 below the floor)
+    assert {k for k, x in checks.items() if x["inert"]} <= {"P4 - P1 at layer 0"}
     across = {k for k, x in checks.items() if x["test"] == "across seeds"}
-    assert across == {"LP", "k-NN", "teacher's heads"}
-    for k in across:   # 0.5-0.8 point below within, against a tolerance of 0.28-0.32
+    # P1, P2, P8 run one seed: compared with P4's other seeds (the library measures a one-seed arm across seeds too)
+    assert across == {"LP", "k-NN", "teacher's heads", "P4 - P1 at layer 0", "P4 - P2 at layer 0", "P4 - P8 at layer 0"}
+    for k in ("LP", "k-NN", "teacher's heads"):   # 0.5-0.8 point below within, against a tolerance of 0.28-0.32
         x = checks[k]
         assert 0.25 < x["tolerance"] < 0.35 and x["within %"] - x["across-seed %"] > x["tolerance"] + 0.15, x
     one = {k: checks[k]["same-seed %"] for k in ("fewer heads", "combo", "KL - MSE", "KL - weight by V")}
@@ -338,10 +340,10 @@ def test_committed_mini_agreement_band_is_not_evidence_of_inertness():
     checks = {x["part"].split(":")[0]: x for x in ft.checks}
     got = {k: (round(checks[k]["across-seed %"], 1), round(checks[k]["within %"], 1)) for k in ("LP", "k-NN", "teacher's heads")}
     assert got == {"LP": (92.8, 93.6), "k-NN": (93.8, 94.5), "teacher's heads": (94.0, 94.5)}, got
-    # the library's default tolerance would call all three inert ...
-    assert arm_agreement(head["ad", "lp_top1"], head["pa", "lp_top1"]).inert
-    assert arm_agreement(head["ad", "knn20_top1"], head["pa", "knn20_top1"]).inert
-    assert arm_agreement(S.ref["base_ad", "lp_top1"], S.ref["base_pa", "lp_top1"]).inert
+    # a fixed 1-point tolerance would call all three inert ...
+    assert arm_agreement(head["ad", "lp_top1"], head["pa", "lp_top1"], tolerance=1.0).inert
+    assert arm_agreement(head["ad", "knn20_top1"], head["pa", "knn20_top1"], tolerance=1.0).inert
+    assert arm_agreement(S.ref["base_ad", "lp_top1"], S.ref["base_pa", "lp_top1"], tolerance=1.0).inert
     # ... while AttnDistill moves the 20-NN top-1 beyond its noise (paired over 4 seeds)
     knn = ad.compare(head["ad", "knn20_top1"], head["pa", "knn20_top1"])
     assert (round(knn.effect, 2), round(knn.ci_low, 2), round(knn.ci_high, 2)) == (-0.61, -1.09, -0.13)

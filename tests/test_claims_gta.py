@@ -284,9 +284,9 @@ def test_a_resolved_paired_effect_is_active_even_where_across_seed_agreement_can
     gta = _arm("gta", _hit_rows([38.0, 40.0, 39.0], N, 1, BASE_HITS, flip=0.3))
     ag = arm_agreement(gta, BASE)
     assert ag.same_seed < IDENTICAL_AGREEMENT and ag.between >= ag.within - 1.0
-    assert arms_differ(gta, BASE).verdict == "untestable"
+    assert arms_differ(gta, BASE).verdict == "holds"   # the library now has the same exception (seed_blocked_difference)
     v = not_inert(gta, BASE)
-    assert v.verdict == "holds" and "paired effect" in v.statement and "is resolved" in v.statement
+    assert v.verdict == "holds" and "resolved" in v.statement and "not inert" in v.statement
     # the same answers changed without a net shift: nothing resolved, inert as the library says
     flat = _arm("gta", _hit_rows([40.0, 42.0, 41.0], N, 6, BASE_HITS, flip=0.3))
     assert arms_differ(flat, BASE).verdict == "untestable" and not_inert(flat, BASE).verdict == "untestable"
