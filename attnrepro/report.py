@@ -127,7 +127,7 @@ def claims_markdown(claims: pd.DataFrame, title: str, profile: str = "") -> str:
     "untestable at <profile>"."""
     counts = claims["verdict"].value_counts()
     md = f"# {title}\n\n" + " · ".join(f"{v}: {int(counts.get(v, 0))}" for v in VERDICTS) + "\n\n"
-    regimes = claims["regime"].fillna("").astype(str) if "regime" in claims else pd.Series([""] * len(claims))
+    regimes = claims["regime"].astype(object).fillna("").astype(str) if "regime" in claims else pd.Series([""] * len(claims))
     shared = regimes.nunique() == 1 and regimes.iloc[0]
     if shared: md += f"**Regime** (what every verdict below is about): {regimes.iloc[0]}\n\n"
     shown = [f"untestable at {profile}" if v == "untestable" and profile else v for v in claims["verdict"]]
@@ -247,7 +247,7 @@ def results_details(root=None) -> str:
     for short, profile, d in result_folders(root):
         man = json.loads((d / "manifest.json").read_text())
         cl = _read_claims(d, man)
-        regimes = [r for r in cl["regime"].fillna("").astype(str).unique() if r] if "regime" in cl else []
+        regimes = [r for r in cl["regime"].astype(object).fillna("").astype(str).unique() if r] if "regime" in cl else []
         regime = "; ".join(regimes) or _regime_note(root, short, man)
         regime = (regime.split(":", 1)[1].strip() if regime.upper().startswith(("MINI PROFILE", "SMOKE PROFILE", "GPU PROFILE"))
                   else regime)
