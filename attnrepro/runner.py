@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_runner.ipynb #a225c746
 from __future__ import annotations
-import contextlib, json, os, shutil, sys, time
+import contextlib, json, logging, os, shutil, sys, time
 from pathlib import Path
 
 from tqdm import tqdm
@@ -239,6 +239,9 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
                           f"{e.evalue}\nExecuted notebook: {failed / (short + '.ipynb')}; previous outputs in "
                           f"{final} are untouched.") from None
     except KeyboardInterrupt:
+        # the interrupted kernel dies with nbclient's cell task pending: asyncio would print its DeadKernelError
+        # traceback at exit, after our one-line message
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         shutil.rmtree(staging, ignore_errors=True)
         new = len({p.name for p in (final / "runs").glob("*.json")} - runs_before)
         raise RunInterrupted(f"interrupted: {short} ({profile}) stopped; {new} run(s) finished in this call and are kept in "
