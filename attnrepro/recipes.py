@@ -14,7 +14,7 @@ import yaml
 # %% auto #0
 __all__ = ['RECIPE_SCHEMAS', 'TRAIN_EXTRAS', 'RecipeError', 'recipe_schema', 'Replace', 'read_profiles', 'deep_merge',
            'resolve_profile', 'validate_recipe', 'AALRecipe', 'AttentionTransferRecipe', 'AttnDistillRecipe',
-           'BootstrappingRecipe', 'GTARecipe', 'HeadToHeadRecipe', 'TeachersRecipe']
+           'BootstrappingRecipe', 'GTARecipe', 'HeadToHeadRecipe', 'TeachersRecipe', 'Recipe', 'check_all_read']
 
 # %% ../nbs/22_recipes.ipynb #8573cac7
 class RecipeError(ValueError):
@@ -287,3 +287,102 @@ class TeachersRecipe:
     attention_images: int | None = None
     gates: dict | None = None
     progress: bool | None = None
+
+# %% ../nbs/22_recipes.ipynb #d5a685be
+class _Reads:
+    "The key paths of one loaded recipe, and those read so far (shared by every section of it, and by deep copies)."
+    def __init__(self, where: str): self.where, self.all, self.read = where, set(), set()
+
+class Recipe(dict):
+    """A recipe (or one of its sections) that records which of its keys the code reads: `r[k]`, `get`, `in`, `pop`,
+    `setdefault` read one key; `items`, `values`, iteration, `dict(r)`, `**r`, pickling and JSON dumps read them all
+    (the section is passed on whole). Sections (also dicts inside lists) are `Recipe`s with the same record.
+    `unread()` lists the loaded keys nothing read: a key that takes no effect."""
+    def __init__(self, data=(), where: str = "recipe", _reads: _Reads | None = None, _path: str = ""):
+        super().__init__()
+        self._reads, self._path = _reads or _Reads(where), _path
+        for k, v in dict(data).items():
+            p = f"{_path}.{k}" if _path else str(k)
+            self._reads.all.add(p)
+            dict.__setitem__(self, k, _track(v, self._reads, p))
+
+    def _mark(self, k):
+        self._reads.read.add(f"{self._path}.{k}" if self._path else str(k))
+
+    def _mark_all(self):
+        for k in dict.keys(self): self._mark(k)
+
+    def __getitem__(self, k):
+        self._mark(k)
+        return dict.__getitem__(self, k)
+
+    def get(self, k, default=None):
+        self._mark(k)
+        return dict.get(self, k, default)
+
+    def __contains__(self, k):
+        self._mark(k)
+        return dict.__contains__(self, k)
+
+    def pop(self, k, *default):
+        self._mark(k)
+        return dict.pop(self, k, *default)
+
+    def setdefault(self, k, default=None):
+        self._mark(k)
+        return dict.setdefault(self, k, default)
+
+    def __iter__(self):   # defined so that dict(r) and **r go through keys() and __getitem__ (CPython's fast path would not)
+        self._mark_all()
+        return dict.__iter__(self)
+
+    def keys(self):
+        self._mark_all()
+        return dict.keys(self)
+
+    def items(self):
+        self._mark_all()
+        return dict.items(self)
+
+    def values(self):
+        self._mark_all()
+        return dict.values(self)
+
+    def copy(self):
+        self._mark_all()
+        return dict(dict.items(self))
+
+    def __or__(self, other):
+        return self.copy() | dict(other)
+
+    def __deepcopy__(self, memo):   # a deep copy reports its reads to the same record
+        out = Recipe.__new__(Recipe)
+        dict.__init__(out)
+        out._reads, out._path = self._reads, self._path
+        for k, v in dict.items(self): dict.__setitem__(out, k, copy.deepcopy(v, memo))
+        return out
+
+    def __reduce__(self):   # pickled (a job on another process): passed on whole, as a plain dict
+        self._mark_all()
+        return (dict, (dict(dict.items(self)),))
+
+    def unread(self) -> list[str]:
+        "Key paths present when the recipe was loaded that nothing has read (a section read whole counts for its keys)."
+        return sorted(self._reads.all - self._reads.read)
+
+def _track(v, reads: _Reads, path: str):
+    if isinstance(v, dict): return Recipe(v, _reads=reads, _path=path)
+    if isinstance(v, list): return [_track(x, reads, f"{path}[{i}]") for i, x in enumerate(v)]
+    return v
+
+def check_all_read(recipe, except_keys=("note",)) -> None:
+    """Raise `RecipeError` naming every key of `recipe` (loaded by `report.load_profile`) that nothing read: a recipe
+    key that takes no effect is a mistake (a typo the schema allows, a table never built, a setting dropped).
+    `except_keys`: top-level keys read outside the notebook (the runner reads `note` for the manifest)."""
+    if not isinstance(recipe, Recipe): return
+    skip = tuple(except_keys)
+    left = [p for p in recipe.unread() if p.split(".")[0].split("[")[0] not in skip]
+    if left:
+        raise RecipeError(f"{recipe._reads.where}: {len(left)} recipe key(s) that nothing read: {', '.join(left[:40])}"
+                          + (" ..." if len(left) > 40 else "") + "; remove them, or make the code read them "
+                          "(a key that takes no effect misleads whoever reads the profile)")

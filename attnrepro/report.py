@@ -14,7 +14,8 @@ from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_js
                             fit_notes, git_commit, project_root, run_host)
 from .scale import dry_call, dry_run_steps, executor_name
 from .budget import BudgetExhausted, fits
-from .recipes import RecipeError, _RecipeLoader, read_profiles, resolve_profile, validate_recipe
+from .recipes import (Recipe, RecipeError, _RecipeLoader, check_all_read, read_profiles, resolve_profile,
+                               validate_recipe)
 from .verdicts import VERDICTS, Verdict
 
 # %% auto #0
@@ -85,7 +86,7 @@ def load_profile(short: str, profile: str, root=None, seeds: list[int] | None = 
         if isinstance(epochs_scale, bool) or not isinstance(epochs_scale, (int, float)) or not epochs_scale > 0:
             raise ValueError(f"epochs_scale must be a number > 0, e.g. 2.0 (twice the epochs); got {epochs_scale!r}")
         _scale_epochs(P, float(epochs_scale))
-    return P
+    return Recipe(P, where=f"{p} [{profile}]")   # records what the notebook reads: `PaperRun.finish(P)` checks every key
 
 def load_reported(short: str, table_id: str, root=None) -> pd.DataFrame:
     "The paper's own numbers for `table_id`, as transcribed in `papers/<short>/reported/<table_id>.csv`."
@@ -636,8 +637,10 @@ class PaperRun:
               f"{text} -- {ev}")
         return verdict
 
-    def finish(self) -> dict:
-        "Write claims.md/csv and runs_used.json (read by the runner for the manifest)."
+    def finish(self, recipe: Recipe | None = None) -> dict:
+        """Write claims.md/csv and runs_used.json (read by the runner for the manifest). `recipe` (the notebook's
+        `load_profile` result) is checked first: a key that nothing read raises `RecipeError` naming it."""
+        if recipe is not None: check_all_read(recipe)
         if self.claims:
             cl = pd.DataFrame(self.claims)
             cl.to_csv(self.out_dir / "claims.csv", index=False)

@@ -629,20 +629,30 @@ class LARS(torch.optim.Optimizer):
         return loss
 
 # %% ../nbs/06_train.ipynb #5bfbf015
+def _layered_model(m: nn.Module) -> nn.Module | None:
+    """The timm model in `m` whose blocks get layer-wise lr scales: `m` itself (it has timm's `group_matcher`), or a
+    method wrapper's `student` (Attention Copy's `CopyModel` wraps the student and the frozen teacher)."""
+    if hasattr(m, "group_matcher"): return m
+    s = getattr(m, "student", None)
+    return s if isinstance(s, nn.Module) and hasattr(s, "group_matcher") else None
+
 def param_groups(modules: Mapping[str, nn.Module], weight_decay: float, layer_decay: float | None = None) -> list[dict]:
     """Param groups over the trainable params of `modules`, each param once: decay / no decay; with `layer_decay`, a
-    timm model (one with `group_matcher`) is split per layer by timm's `param_groups_layer_decay`, each group with its
-    `lr_scale` (which `fit`'s schedule multiplies in); the params of other modules stay in the two plain groups."""
+    timm model (one with `group_matcher`, or the `student` of a wrapper such as `CopyModel`) is split per layer by
+    timm's `param_groups_layer_decay`, each group with its `lr_scale` (which `fit`'s schedule multiplies in); the
+    params of other modules stay in the two plain groups."""
     decay, no_decay, seen, layered = [], [], set(), []
     for mname, m in modules.items():
         skip = set(m.no_weight_decay()) if hasattr(m, "no_weight_decay") else set()
-        if layer_decay is not None and hasattr(m, "group_matcher"):
-            for g in param_groups_layer_decay(m, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay):
+        timm_model = _layered_model(m)
+        if layer_decay is not None and timm_model is not None:
+            inner = set(timm_model.no_weight_decay()) if hasattr(timm_model, "no_weight_decay") else set()
+            for g in param_groups_layer_decay(timm_model, weight_decay, no_weight_decay_list=skip | inner,
+                                              layer_decay=layer_decay):
                 ps = [p for p in g["params"] if id(p) not in seen]   # a param shared with an earlier module: once
                 seen.update(id(p) for p in ps)
                 layered.append(dict(g, params=ps))
-            continue
-        for n, p in m.named_parameters():
+        for n, p in m.named_parameters():   # what is left: modules without blocks, a wrapper's own params
             if not p.requires_grad or id(p) in seen: continue
             seen.add(id(p))
             (no_decay if p.ndim <= 1 or n in skip or n.split(".")[-1] in skip else decay).append(p)

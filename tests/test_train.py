@@ -592,6 +592,23 @@ def test_layer_decay_scales_lr_per_block_as_mae():
         torch.testing.assert_close(step, 0.1 * scale[id(names[n])] * p.grad, rtol=1e-3, atol=1e-7, msg=n)
 
 
+def test_layer_decay_reaches_attention_copy_student():
+    "Attention Copy's CopyModel has no group_matcher of its own: its student's blocks still get MAE's per-block scales."
+    from attnrepro.train import build_optimizer
+    from attnrepro.transfer import CopyModel
+    d, student, teacher = 0.75, tiny_vit(), tiny_vit()
+    copy_model = CopyModel(student, teacher)
+    opt = build_optimizer(TrainConfig(**FAST, layer_decay=d), {"model": copy_model})
+    scale = {id(p): g.get("lr_scale", 1.0) for g in opt.param_groups for p in g["params"]}
+    L = len(student.blocks)
+    assert len(scale) == sum(p.requires_grad for p in copy_model.parameters())   # the frozen teacher: no group
+    for i in range(L):
+        assert scale[id(student.blocks[i].attn.qkv.weight)] == pytest.approx(d ** (L - i)), i
+    assert scale[id(student.patch_embed.proj.weight)] == pytest.approx(d ** (L + 1))
+    assert scale[id(student.head.weight)] == 1.0
+    assert len({round(s, 6) for s in scale.values()}) == L + 2   # the blocks, the embeddings and the head differ
+
+
 # --------------------------------------------------------------------------- subprocesses
 
 RESUME_SCRIPT = TOY + '''
