@@ -52,7 +52,7 @@ sync: export clean-nbs  ## fail if the notebooks and the library (or clean noteb
 	  (echo "untracked files in attnrepro/ after export"; git status --porcelain -- attnrepro; exit 1)
 
 test: setup browser  ## pytest: export sync, every notebook's own cells, library, runner, a smoke run of every paper notebook, the browser test
-	$(BIN)/pytest -q -ra tests
+	$(BIN)/pytest -q -ra --durations=15 tests
 
 test-fast:  ## pytest only, without setup or the slow tests
 	$(BIN)/pytest -q -m "not slow" tests

@@ -272,10 +272,10 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
 DRYRUN_DIR = "dryrun"   # outputs/dryrun/<paper>/<profile>/
 
 def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch: int | None = None,
-                  params: dict | None = None, root=None, log_output: bool = False) -> dict:
+                  params: dict | None = None, root=None, log_output: bool = False, out_dir=None) -> dict:
     """Cost the grid of `short` at `profile` without training it: every run built at its real size, `steps` timed steps
     (`cpu_batch`: the batch a CPU times, default 8). Returns dict(table=DataFrame, markdown, stopped=None or why the
-    notebook stopped, out=folder of table_cost.csv/.md)."""
+    notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>)."""
     import tempfile
     import papermill as pm
     from papermill.exceptions import PapermillExecutionError
@@ -310,7 +310,7 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
             stopped = "interrupted (Ctrl-C or a time limit) before the notebook finished"
         rows = read_probes(log)
         df = cost_table(rows)
-        out = root / "outputs" / DRYRUN_DIR / short / profile
+        out = Path(out_dir) if out_dir else root / "outputs" / DRYRUN_DIR / short / profile
         out.mkdir(parents=True, exist_ok=True)
         probes = [r for r in rows if r["kind"] == "probe"]
         shrunk = sorted({(r["batch_recipe"], r["batch_timed"]) for r in probes if r["batch_recipe"] != r["batch_timed"]})

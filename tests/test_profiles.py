@@ -279,3 +279,35 @@ def test_paper_profile_trains_under_bf16_autocast(paper):
             for v in x: yield from recipes(v, key)
     found = list(recipes(load_profile(paper, "paper")))
     assert found and all(r.get("amp") is True for _, r in found), [(k, r.get("amp")) for k, r in found]
+
+
+def test_a_stray_recipe_key_fails_the_notebooks_finish(tmp_path):
+    "A key the schema allows but nothing reads (a nested one too) fails `PaperRun.finish(P)`, named with its path."
+    from attnrepro.report import PaperRun
+    P = _gta_mini()
+    P["train"]["label_smoothing"] = 0.1                 # a TrainConfig field passes the schema, but nothing reads it here
+    (tmp_path / "papers" / "gta").mkdir(parents=True)
+    (tmp_path / "papers" / "gta" / "profiles.yaml").write_text(yaml.safe_dump({"mini": P}))
+    got = load_profile("gta", "mini", root=tmp_path)
+    def read_all(node, skip):   # the notebook's reads: every key, at every depth, except `skip`
+        for k in list(dict.keys(node)):
+            if k == skip: continue
+            v = node[k]
+            for x in (v if isinstance(v, list) else [v]):
+                if isinstance(x, dict): read_all(x, skip)
+    read_all(got, "label_smoothing")
+    pr = PaperRun("gta", "mini", tmp_path / "out")
+    with pytest.raises(RecipeError) as e:
+        pr.finish(got)
+    assert "train.label_smoothing" in str(e.value) and "[mini]" in str(e.value) and "train.lr" not in str(e.value)
+    assert not (tmp_path / "out" / "runs_used.json").exists()   # nothing written: the runner keeps earlier outputs
+    dict(got["train"])                                  # the section passed on whole: now every key took effect
+    pr.finish(got)
+    assert (tmp_path / "out" / "runs_used.json").exists()
+
+
+@pytest.mark.parametrize("paper", PAPERS)
+def test_every_paper_notebook_checks_its_recipe_at_the_end(paper):
+    "Each paper notebook hands its recipe to `pr.finish`, which fails on a key nothing read."
+    cells = json.loads((ROOT / "nbs" / "papers" / f"{paper}.ipynb").read_text())["cells"]
+    assert any("pr.finish(P)" in "".join(c["source"]) for c in cells), f"nbs/papers/{paper}.ipynb: call pr.finish(P)"
