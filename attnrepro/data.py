@@ -14,7 +14,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from .core import PACKAGE_DIR, cache_dir, project_root
-from .scale import dry_run_steps
+from .dryrun import dry_run_steps
 
 # %% auto #0
 __all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'NOMINAL', 'IMAGENET_MEAN', 'IMAGENET_STD',

@@ -665,7 +665,7 @@ def _load_timm_hub(name: str, checkpoint: Path | str | None = None, timm_kwargs:
     try:
         model = timm.create_model(name, pretrained=True, **kw)
     except Exception as e:
-        from attnrepro.scale import dry_run_steps
+        from attnrepro.dryrun import dry_run_steps
         if dry_run_steps():   # a dry run costs the grid: the architecture matters, not the weights
             print(f"[dry run] no weights for timm:{name} here: random weights of the same architecture", flush=True)
             return _timm_teacher_cfg(timm.create_model(name, pretrained=False, **kw), name, "dry run: random weights",

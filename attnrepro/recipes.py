@@ -288,7 +288,7 @@ class TeachersRecipe:
     gates: dict | None = None
     progress: bool | None = None
 
-# %% ../nbs/22_recipes.ipynb #d5a685be
+# %% ../nbs/22_recipes.ipynb #c214c74d
 class _Reads:
     "The key paths of one loaded recipe, and those read so far (shared by every section of it, and by deep copies)."
     def __init__(self, where: str): self.where, self.all, self.read = where, set(), set()

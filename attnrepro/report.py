@@ -12,7 +12,8 @@ import yaml
 
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
                             fit_notes, git_commit, project_root, run_host)
-from .scale import dry_call, dry_run_steps, executor_name
+from .dryrun import dry_run_steps
+from .scale import dry_call, executor_name
 from .budget import BudgetExhausted, fits
 from .recipes import (Recipe, RecipeError, _RecipeLoader, check_all_read, read_profiles, resolve_profile,
                                validate_recipe)
@@ -492,6 +493,8 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
 
 class PaperRun:
     "The output side of one execution of a paper notebook."
+    record_run = staticmethod(train_record)   # trains one run and writes its record (the grid's jobs call it too)
+
     def __init__(self, paper: str, profile: str, out_dir: Path | str, runs_dir: Path | str | None = None,
                  force: bool = False):
         self.paper, self.profile, self.force = paper, check_profile(profile), bool(force)
@@ -546,7 +549,7 @@ class PaperRun:
                 if not ok:
                     raise BudgetExhausted(f"{self.paper} ({self.profile}): run {name or h!r} not started: {why}; every "
                                           f"run finished so far is kept in {self.runs_dir}")
-            rec = train_record(self.runs_dir, self.paper, self.profile, config, fn, name, force=self.force,
+            rec = self.record_run(self.runs_dir, self.paper, self.profile, config, fn, name, force=self.force,
                                call=dry_call(name, h) if dry_run_steps() else None)
         self.used[h] = {"hash": h, "name": name or rec.get("name"), "seed": _find_seed(rec["config"]),
                         "wall_time_s": rec["wall_time_s"], "device": rec.get("host", {}).get("device_name")}
@@ -601,7 +604,7 @@ class PaperRun:
         when this machine lacks what the recipe needs, naming all of it at once: a CUDA device (`trains`: what the
         recipe trains, in words), each of `datasets` (a download is tried where allowed, else the error says what to put
         where), each of `teachers` ({spec: how to get it}) that `get_teacher` cannot find. Outputs written so far stay."""
-        from attnrepro.scale import dry_run_steps
+        from attnrepro.dryrun import dry_run_steps
         if self.profile != "paper" or dry_run_steps(): return
         import torch
         from attnrepro.data import DATASETS, DataNotFoundError, get_dataset, list_datasets

@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from .core import atomic_write_json, cache_dir, config_hash
+from .dryrun import env_int
 from .budget import BudgetExhausted, fits, projected_seconds
 
 # %% auto #0
-__all__ = ['EXECUTORS', 'SLURM_ENV', 'SLURM_LIVE', 'JOB_LIVE', 'PROBES', 'COUNT_COLUMNS', 'RunsPending', 'GridFailed',
-           'executor_name', 'waits', 'require_submitit', 'slurm_parameters', 'local_slots', 'job_threads', 'jobs_dir',
-           'make_executor', 'ProcessCache', 'marker_path', 'read_marker', 'job_live', 'RunJob', 'run_grid',
-           'dry_run_steps', 'dry_run_cpu_batch', 'record_probe', 'dry_call', 'read_probes', 'cost_table',
-           'cost_markdown']
+__all__ = ['EXECUTORS', 'SLURM_ENV', 'SLURM_LIVE', 'JOB_LIVE', 'COUNT_COLUMNS', 'RunsPending', 'GridFailed', 'executor_name',
+           'waits', 'require_submitit', 'slurm_parameters', 'local_slots', 'job_threads', 'jobs_dir', 'make_executor',
+           'ProcessCache', 'marker_path', 'read_marker', 'job_live', 'RunJob', 'run_grid', 'dry_call', 'read_probes',
+           'cost_table', 'cost_markdown']
 
 # %% ../nbs/21_scale.ipynb #48be25e1
 EXECUTORS = ("serial", "local", "slurm")
@@ -64,13 +64,6 @@ def require_submitit():
                           "`pip install submitit` (it is one of attnrepro's requirements), or use --executor serial") from e
     return submitit
 
-def _env_int(key: str, default: int, least: int = 1) -> int:
-    raw = os.environ.get(key, "").strip()
-    if not raw: return default
-    try: v = int(raw)
-    except ValueError: v = None
-    if v is None or v < least: raise ValueError(f"{key}={raw!r}: expected an integer >= {least}")
-    return v
 
 def slurm_parameters() -> dict:
     "submitit AutoExecutor parameters from `ATTNREPRO_SLURM_*` (see `SLURM_ENV`): one node, one task per GPU."
@@ -90,7 +83,7 @@ def slurm_parameters() -> dict:
 
 def local_slots() -> int:
     "How many local jobs run at once: `ATTNREPRO_LOCAL_JOBS`, else one per visible GPU, else 1."
-    if os.environ.get("ATTNREPRO_LOCAL_JOBS", "").strip(): return _env_int("ATTNREPRO_LOCAL_JOBS", 1)
+    if os.environ.get("ATTNREPRO_LOCAL_JOBS", "").strip(): return env_int("ATTNREPRO_LOCAL_JOBS", 1)
     try:
         import torch
         return max(1, torch.cuda.device_count())
@@ -117,7 +110,7 @@ def make_executor(kind: str, paper: str, profile: str, gpu: int | None = None):
     if kind == "local":
         ex = submitit.LocalExecutor(folder=folder)
         # submitit's local default is a 2-minute timeout; a run may take days
-        ex.update_parameters(timeout_min=_env_int("ATTNREPRO_LOCAL_TIME", 60 * 24 * 30), tasks_per_node=1,
+        ex.update_parameters(timeout_min=env_int("ATTNREPRO_LOCAL_TIME", 60 * 24 * 30), tasks_per_node=1,
                              gpus_per_node=0 if gpu is None else 1, visible_gpus=() if gpu is None else (gpu,))
         return ex
     if kind == "slurm":
@@ -180,7 +173,8 @@ def _export_distributed() -> int:
 
 @dataclasses.dataclass
 class RunJob:
-    "One run of a grid as a submitit job: `fn(config, ckpt_dir)` and its record `runs/<hash>.json` (report.train_record)."
+    """One run of a grid as a submitit job: `fn(config, ckpt_dir)` and its record `runs/<hash>.json`, written by
+    `record` (the `PaperRun`'s `record_run`, i.e. `report.train_record`: handed in, so that scale never imports report)."""
     runs_dir: str
     paper: str
     profile: str
@@ -189,9 +183,10 @@ class RunJob:
     fn: Callable
     force: bool = False
     threads: int | None = None   # torch CPU threads in this job (`job_threads`); None: torch's default
+    record: Callable | None = None   # record(runs_dir, paper, profile, config, fn, name, force=, write=)
 
     def __call__(self) -> str:
-        from attnrepro.report import train_record
+        if self.record is None: raise ValueError(f"RunJob {self.name!r}: no `record` function to train and write the run")
         os.environ["ATTNREPRO_EXECUTOR"] = "serial"   # a run `fn` needs on the way (a dependency) trains in this job
         if self.threads:
             import torch
@@ -199,8 +194,8 @@ class RunJob:
         h = config_hash(self.config)
         rank = _export_distributed()
         if (Path(self.runs_dir) / f"{h}.json").exists() and not self.force: return h   # finished meanwhile
-        train_record(self.runs_dir, self.paper, self.profile, self.config, self.fn, self.name,
-                     force=self.force and rank == 0, write=rank == 0)
+        self.record(self.runs_dir, self.paper, self.profile, self.config, self.fn, self.name,
+                    force=self.force and rank == 0, write=rank == 0)
         if rank == 0: marker_path(self.runs_dir, h).unlink(missing_ok=True)
         return h
 
@@ -260,7 +255,7 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
         ex = make_executor(executor, pr.paper, pr.profile, gpu)
         name, config = grid[h]
         job = ex.submit(RunJob(str(pr.runs_dir), pr.paper, pr.profile, name, config, fn, pr.force,
-                               job_threads(slots) if executor == "local" else None))
+                               job_threads(slots) if executor == "local" else None, pr.record_run))
         atomic_write_json(marker_path(pr.runs_dir, h), dict(job_id=str(job.job_id), executor=executor, name=name,
                           folder=str(job.paths.folder), submitted=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                           submitted_s=time.time(), host=socket.gethostname()))
@@ -335,18 +330,9 @@ def _cuda_count() -> int:
     except ImportError: return 0
 
 # %% ../nbs/21_scale.ipynb #0e70e8cd
-def dry_run_steps() -> int | None:
-    "Timed steps per run of a dry run (`ATTNREPRO_DRY_RUN`), or None outside a dry run."
-    raw = os.environ.get("ATTNREPRO_DRY_RUN", "").strip()
-    if raw in ("", "0"): return None
-    return _env_int("ATTNREPRO_DRY_RUN", 2)
+# the switch and the probe log live on the ground floor (attnrepro.dryrun); the names stay importable from here
+from .dryrun import PROBES, _CURRENT, _log_dry, dry_run_cpu_batch, dry_run_steps, record_probe
 
-def dry_run_cpu_batch() -> int:
-    "The batch a dry run times on the CPU (`ATTNREPRO_DRY_RUN_CPU_BATCH`, default 8; even, for Mixup)."
-    return 2 * max(1, _env_int("ATTNREPRO_DRY_RUN_CPU_BATCH", 8) // 2)
-
-PROBES: list[dict] = []        # this process's probes (also appended to $ATTNREPRO_DRY_RUN_LOG)
-_CURRENT: list[dict] = []      # the runs being probed (innermost last)
 _STAND_IN: dict[str, Any] = {}  # fn name -> its last successful result in this dry run
 _TWINS: dict[str, dict] = {}    # (fn name, config without seeds) -> the run timed for it: its name, probes and result
 
@@ -357,10 +343,6 @@ def _log_dry(row: dict) -> dict:
     if where := os.environ.get("ATTNREPRO_DRY_RUN_LOG"):
         with open(where, "a") as f: f.write(json.dumps(row, default=str) + "\n")
     return row
-
-def record_probe(probe: dict) -> dict:
-    "A dry run's measurement of one `fit` (called by `fit`), credited to the run being probed."
-    return _log_dry(dict(probe, kind="probe"))
 
 def _without_seeds(x):
     "`x` with every key named `seed` dropped, at any depth: runs that differ only in seeds cost the same."

@@ -27,7 +27,7 @@ from .attention import forward_until, model_device
 from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit,
                             seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
-from .scale import dry_run_cpu_batch, dry_run_steps, record_probe
+from .dryrun import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
 __all__ = ['Schedule', 'TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'put_taps', 'ce_loss',

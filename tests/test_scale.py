@@ -343,8 +343,11 @@ def test_slurm_submission_markers_and_resubmission(env, monkeypatch, capsys):
 
 def test_dry_call_times_seed_twins_once_and_repeats_a_twin_failure(monkeypatch):
     "Runs that differ only in `seed` keys (at any depth) are built once; a twin of a failed run fails with its reason."
+    import attnrepro.dryrun as dryrun
     import attnrepro.scale as scale
-    for k in ("PROBES", "_CURRENT"): monkeypatch.setattr(scale, k, [])
+    for k in ("PROBES", "_CURRENT"):   # the probe log lives in dryrun; scale holds the same lists
+        fresh = []
+        for mod in (dryrun, scale): monkeypatch.setattr(mod, k, fresh)
     for k in ("_STAND_IN", "_TWINS"): monkeypatch.setattr(scale, k, {})
     monkeypatch.delenv("ATTNREPRO_DRY_RUN_LOG", raising=False)
     calls = []
