@@ -24,28 +24,21 @@ from timm.optim import param_groups_layer_decay
 from timm.utils import ModelEmaV3
 
 from .attention import forward_until, model_device
+from .losses import Schedule, constant   # one Schedule: a loss term's weight by epoch
 from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit,
                             seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
 from .dryrun import dry_run_cpu_batch, dry_run_steps, record_probe
 
 # %% auto #0
-__all__ = ['Schedule', 'TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'constant', 'LossTerm', 'StepContext', 'put_taps', 'ce_loss',
-           'ce_term', 'Method', 'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass',
-           'execute_teacher_passes', 'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS',
-           'param_groups', 'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed',
-           'ShardSampler', 'topk_correct', 'evaluate', 'batch_augment_mode', 'BatchAugmentLoader', 'NonFiniteLossError',
-           'to_device', 'RunState', 'train_one_epoch', 'load_checkpoint', 'max_device_batch', 'fit']
+__all__ = ['TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'LossTerm', 'StepContext', 'put_taps', 'ce_loss', 'ce_term', 'Method',
+           'project_conflicting', 'term_grads', 'assign_grads', 'TeacherPass', 'execute_teacher_passes',
+           'run_teacher_passes', 'ComposedMethod', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups',
+           'build_optimizer', 'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler',
+           'topk_correct', 'evaluate', 'batch_augment_mode', 'BatchAugmentLoader', 'NonFiniteLossError', 'to_device',
+           'RunState', 'train_one_epoch', 'load_checkpoint', 'max_device_batch', 'fit']
 
 # %% ../nbs/06_train.ipynb #f8d9c0c6
-Schedule = Callable[[int], float]
-
-def constant(value: float) -> Schedule:
-    "A schedule that returns `value` at every epoch (named schedules live in `attnrepro.losses`)."
-    value = float(value)
-    def schedule(epoch: int) -> float: return value
-    return schedule
-
 @dataclasses.dataclass
 class LossTerm:
     "A named loss term: `fn(ctx) -> scalar tensor`, weighted by a number or a schedule `epoch -> float`."
