@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dry-run-steps", type=int, default=2, metavar="N", help="timed steps per run (default 2)")
     d.add_argument("--dry-run-cpu-batch", type=int, metavar="N", help="batch timed on a CPU (default 8; scaled to the "
                    "recipe's batch)")
+    d.add_argument("--dry-run-quick", action="store_true", help="time each step shape (method, model, batch, sample) "
+                   "once; later runs of that shape are built, not stepped: checks that a whole grid builds, in minutes")
     sub.add_parser("list", help="papers, their expected tables/figures and what exists in outputs/")
     pr = sub.add_parser("prune", help="delete the run files of superseded rounds: those in outputs/<paper>/runs/ that the "
                         "published manifest does not use and that finished before it was made (lists them unless --yes)")
@@ -217,7 +219,7 @@ def _dry_run(args) -> int:
     stopped = False
     for p in args.paper or runnable_papers():
         res = dry_run_paper(p, args.profile, steps=args.dry_run_steps, cpu_batch=args.dry_run_cpu_batch,
-                            params=dict(args.param), log_output=args.log_output)
+                            params=dict(args.param), log_output=args.log_output, quick=args.dry_run_quick)
         print(f"## {p} ({args.profile})\n\n{res['markdown']}\nwritten to {res['out']}/table_cost.csv and .md\n")
         stopped = stopped or bool(res["stopped"])
     return 1 if stopped else 0

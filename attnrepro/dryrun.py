@@ -7,7 +7,7 @@ from __future__ import annotations
 import json, os
 
 # %% auto #0
-__all__ = ['PROBES', 'env_int', 'dry_run_steps', 'dry_run_cpu_batch', 'record_probe']
+__all__ = ['PROBES', 'env_int', 'dry_run_steps', 'dry_run_quick', 'dry_run_cpu_batch', 'record_probe']
 
 # %% ../nbs/25_dryrun.ipynb #829a0fa5
 def env_int(key: str, default: int, least: int = 1) -> int:
@@ -24,6 +24,12 @@ def dry_run_steps() -> int | None:
     raw = os.environ.get("ATTNREPRO_DRY_RUN", "").strip()
     if raw in ("", "0"): return None
     return env_int("ATTNREPRO_DRY_RUN", 2)
+
+def dry_run_quick() -> bool:
+    """Whether a dry run times each step shape once (`ATTNREPRO_DRY_RUN_QUICK=1`, `--dry-run-quick`): a run whose
+    method, model and sample shape an earlier run already timed is built but not stepped, and shows that run's
+    step time with its own projection. For checking that a whole grid builds (a CPU test), not for costing it."""
+    return os.environ.get("ATTNREPRO_DRY_RUN_QUICK", "").strip() not in ("", "0")
 
 def dry_run_cpu_batch() -> int:
     "The batch a dry run times on the CPU (`ATTNREPRO_DRY_RUN_CPU_BATCH`, default 8; even, for Mixup)."

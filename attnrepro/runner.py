@@ -272,9 +272,10 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
 DRYRUN_DIR = "dryrun"   # outputs/dryrun/<paper>/<profile>/
 
 def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch: int | None = None,
-                  params: dict | None = None, root=None, log_output: bool = False, out_dir=None) -> dict:
+                  params: dict | None = None, root=None, log_output: bool = False, out_dir=None,
+                  quick: bool = False) -> dict:
     """Cost the grid of `short` at `profile` without training it: every run built at its real size, `steps` timed steps
-    (`cpu_batch`: the batch a CPU times, default 8). Returns dict(table=DataFrame, markdown, stopped=None or why the
+    (`cpu_batch`: the batch a CPU times, default 8; `quick`: each step shape timed once, see `dryrun.dry_run_quick`). Returns dict(table=DataFrame, markdown, stopped=None or why the
     notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>)."""
     import tempfile
     import papermill as pm
@@ -296,6 +297,7 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                    ATTNREPRO_DRY_RUN_LOG=str(log), ATTNREPRO_CACHE=str(cache), ATTNREPRO_EXECUTOR="serial",
                    HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))   # hub weights only if cached: random ones do
         if cpu_batch: env["ATTNREPRO_DRY_RUN_CPU_BATCH"] = str(cpu_batch)
+        env["ATTNREPRO_DRY_RUN_QUICK"] = "1" if quick else ""
         stopped, t0 = None, time.time()
         executed = tmp / f"{short}.ipynb"
         try:
@@ -331,6 +333,8 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                       "step time scaled linearly to the recipe's batch: an estimate, low for memory-bound steps. " if shrunk else "")
                    + (f"{failed} run(s) failed (their hours are not in the total). " if failed else "")
                    + "Hours are on the device named here; analyses after training are not projected."
+                   + (" Quick (--dry-run-quick): each step shape timed once; a run marked 'same step shape' was built "
+                      "but not stepped, and shows the first such run's step time with its own projection." if quick else "")
                    + (f" INCOMPLETE: {stopped}; runs after that point are not in the table." if stopped else "")
                    + f" Dry run took {time.time() - t0:.0f} s.")
         md = caption + "\n\n" + (cost_markdown(df) if len(df) else "(no run reached a training step)") + "\n"

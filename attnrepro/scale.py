@@ -406,6 +406,8 @@ def cost_table(rows: list[dict]):
     for d in runs.values():
         f = d["fits"]
         if not f and d["status"] == "ok": continue   # no training step (an analysis, or a cached run)
+        by = [x["shape_timed_by"] for x in f if x.get("shape_timed_by")]
+        if by and d["status"] == "ok": d["status"] = f"ok: step timed as {by[0]} (same step shape; --dry-run-quick)"
         g = lambda k, fn=sum: fn(x[k] for x in f) if f else float("nan")
         out.append({"run": d["run"], "hash": d["hash"], "status": d["status"], "fits": len(f),
                     "method": ", ".join(dict.fromkeys(str(x["method"]) for x in f)),

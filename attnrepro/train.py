@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_train.ipynb #b79e51c6
 from __future__ import annotations
-import atexit, collections, contextlib, dataclasses, itertools, json, math, os, platform, random, time
+import atexit, collections, contextlib, copy, dataclasses, itertools, json, math, os, platform, random, time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -28,7 +28,7 @@ from .losses import Schedule, constant   # one Schedule: a loss term's weight by
 from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit,
                             seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
-from .dryrun import dry_run_cpu_batch, dry_run_steps, record_probe
+from .dryrun import _CURRENT, dry_run_cpu_batch, dry_run_quick, dry_run_steps, record_probe
 
 # %% auto #0
 __all__ = ['TAP_SIDES', 'OPTIMIZERS', 'CKPT_NAME', 'LossTerm', 'StepContext', 'put_taps', 'ce_loss', 'ce_term', 'Method',
@@ -1378,6 +1378,16 @@ def _peak_mb(device: torch.device) -> float:
         kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss   # kB on Linux
     return kb / 1024
 
+_TIMED_SHAPES: dict = {}   # --dry-run-quick: step shape -> what the first run of that shape measured
+
+def _step_shape(run: RunState, cfg: TrainConfig, train_data, has_val: bool, record_correct: bool, n_params: dict):
+    "What a step's cost depends on: method, model, trainable size, batch, precision, device and one sample's shape."
+    ds = train_data.dataset if isinstance(train_data, DataLoader) else train_data
+    try: shape = tuple(getattr(ds[0][0], "shape", ()))
+    except Exception: shape = None   # noqa: an unindexable dataset: the key falls back to the rest
+    return (run.method.name, type(run.model).__name__, json.dumps(n_params, sort_keys=True, default=str),
+            cfg.batch_size, cfg.accum_steps, cfg.amp, str(run.device), shape, has_val, record_correct)
+
 def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_loader, val_data, steps: int, ckpt,
              evaluate_fn, record_correct: bool, n_params: dict) -> dict:
     """`fit` in a dry run (`attnrepro.scale`): one warm-up and `steps` timed optimiser steps on batches held in memory
@@ -1385,30 +1395,44 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     a probe with the projection of `recipe` (the run's own TrainConfig; `run.cfg` may hold a CPU-sized batch), and a
     result shaped like `fit`'s (its numbers meaningless). The checkpoint it leaves is marked `dry_run`: only weights."""
     cfg, dev = run.cfg, run.device
-    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
-    mem_kind = _reset_peak(dev)
-    stamps = []
-    def on_step(it, sums): sync(); stamps.append(time.perf_counter())
-    held = _Held(train_loader, (1 + steps) * cfg.accum_steps, cfg.accum_steps)
-    t0 = time.perf_counter()
-    row = dict(epoch=0, **train_one_epoch(run, held, 0, progress=False, on_step=on_step))
-    gaps = np.diff([t0] + stamps)
-    times = gaps[1:] if len(gaps) > 1 else gaps   # the first step (allocations, kernel choice) is the warm-up
-    peak, timed = _peak_mb(dev), float(np.median(times))
-    eval_s, hits, vl = None, None, None
-    if val_loader is not None:
-        vl = _Held(val_loader, 2)
-        te = time.perf_counter()
-        m = _eval(run.model, vl, val_data, dev, cfg, evaluate_fn, return_correct=record_correct)
-        sync()
-        eval_s = (time.perf_counter() - te) / max(1, len(vl))
-        hits = m.pop("correct", None)
-        row.update({f"val_{k}": v for k, v in m.items()})
-    row["epoch_time_s"] = time.perf_counter() - t0
-    history = [row]
-    best = {k[4:]: v for k, v in row.items() if k.startswith("val_")} | {"epoch": 0} if val_loader is not None else None
-    res = _result(run, history, best, row["epoch_time_s"], None, n_params)
-    if record_correct: res["final"]["correct"] = _packed_hits(run.model, vl, dev, cfg, hits, res["final"])
+    key = _step_shape(run, cfg, train_data, val_loader is not None, record_correct, n_params) if dry_run_quick() else None
+    reused = key in _TIMED_SHAPES
+    if reused:   # --dry-run-quick: built, not stepped; the run that timed this shape stands in
+        first = _TIMED_SHAPES[key]
+        history, best, final_correct = copy.deepcopy(first["history"]), copy.deepcopy(first["best"]), first["correct"]
+        timed, peak, mem_kind, eval_s, load_s = first["timed"], first["peak"], first["mem_kind"], first["eval_s"], 0.0
+        times, vl = first["times"], (True if val_loader is not None else None)
+        res = _result(run, history, best, 0.0, None, n_params)
+        if record_correct: res["final"]["correct"] = final_correct
+    else:
+        sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+        mem_kind = _reset_peak(dev)
+        stamps = []
+        def on_step(it, sums): sync(); stamps.append(time.perf_counter())
+        held = _Held(train_loader, (1 + steps) * cfg.accum_steps, cfg.accum_steps)
+        t0 = time.perf_counter()
+        row = dict(epoch=0, **train_one_epoch(run, held, 0, progress=False, on_step=on_step))
+        gaps = np.diff([t0] + stamps)
+        times = gaps[1:] if len(gaps) > 1 else gaps   # the first step (allocations, kernel choice) is the warm-up
+        peak, timed, load_s = _peak_mb(dev), float(np.median(times)), held.load_s
+        eval_s, hits, vl = None, None, None
+        if val_loader is not None:
+            vl = _Held(val_loader, 2)
+            te = time.perf_counter()
+            m = _eval(run.model, vl, val_data, dev, cfg, evaluate_fn, return_correct=record_correct)
+            sync()
+            eval_s = (time.perf_counter() - te) / max(1, len(vl))
+            hits = m.pop("correct", None)
+            row.update({f"val_{k}": v for k, v in m.items()})
+        row["epoch_time_s"] = time.perf_counter() - t0
+        history = [row]
+        best = {k[4:]: v for k, v in row.items() if k.startswith("val_")} | {"epoch": 0} if val_loader is not None else None
+        res = _result(run, history, best, row["epoch_time_s"], None, n_params)
+        if record_correct: res["final"]["correct"] = _packed_hits(run.model, vl, dev, cfg, hits, res["final"])
+        if key is not None:
+            _TIMED_SHAPES[key] = dict(history=copy.deepcopy(history), best=copy.deepcopy(best), timed=timed, peak=peak,
+                                      mem_kind=mem_kind, eval_s=eval_s, times=times,
+                                      correct=res["final"].get("correct") if record_correct else None)
     world, scale = _world(), recipe.batch_size / cfg.batch_size   # step time taken as linear in the batch
     if isinstance(train_data, DataLoader): n_train, batches = len(train_data.dataset), len(train_data)
     else: n_train, batches = len(train_data), len(train_data) // (recipe.batch_size * world)
@@ -1420,10 +1444,12 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     probe = dict(method=run.method.name, device=str(dev), amp=recipe.amp, world_size=world,
                  device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
                  batch_recipe=recipe.batch_size, batch_timed=cfg.batch_size, accum_steps=recipe.accum_steps,
-                 steps_timed=len(times), step_s_timed=timed, load_s=held.load_s, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
+                 steps_timed=len(times), step_s_timed=timed, load_s=load_s, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
                  n_train=n_train, steps_per_epoch=spe, epochs=recipe.epochs, train_h=timed * scale * spe * recipe.epochs / 3600,
                  eval_s_batch=eval_s, n_val=n_val, n_evals=n_evals,
                  eval_h=(eval_s or 0.0) * scale * val_batches * n_evals * passes / 3600, n_params=n_params["n_params"])
+    if reused: probe["shape_timed_by"] = first["run"]
+    elif key is not None: _TIMED_SHAPES[key]["run"] = _CURRENT[-1]["run"] if _CURRENT else run.method.name
     record_probe(probe)
     res["dry_run"] = probe
     if ckpt is not None and _rank() == 0:   # weights for analyses that load the run's model; never resumed

@@ -15,7 +15,8 @@ BUDGET_S = 300   # the issue's bound on a 2-core CPU; recorded, asserted loosely
 @pytest.mark.parametrize("paper", PAPERS)
 def test_paper_profile_dry_run_reaches_the_end(paper, tmp_path):
     t0 = time.time()
-    res = dry_run_paper(paper, "paper", steps=1, out_dir=tmp_path)
+    # quick: each step shape stepped once (the rest built only); a 2-image batch: a CPU's hours are not the point here
+    res = dry_run_paper(paper, "paper", steps=1, cpu_batch=2, quick=True, out_dir=tmp_path)
     took = time.time() - t0
     assert res["stopped"] is None, f"{paper}: {res['stopped']}"
     table = res["table"]

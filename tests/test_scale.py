@@ -374,3 +374,36 @@ def test_dry_call_times_seed_twins_once_and_repeats_a_twin_failure(monkeypatch):
     assert len(calls) == 3   # the twin of the failure was not built again
     t = scale.cost_table(scale.PROBES)
     assert t.set_index("run").loc["a1", "status"] == "ok: timed as a0 (same config but the seed)"
+
+
+def test_quick_dry_run_steps_each_step_shape_once(monkeypatch):
+    "--dry-run-quick: a second run of the same step shape is built, not stepped, and shows the first one's step time."
+    import timm
+    import torch
+    import attnrepro.dryrun as dryrun
+    import attnrepro.scale as scale
+    import attnrepro.train as train
+    from torch.utils.data import TensorDataset
+    probes, current = [], []
+    for mod in (dryrun, scale):
+        monkeypatch.setattr(mod, "PROBES", probes); monkeypatch.setattr(mod, "_CURRENT", current)
+    monkeypatch.setattr(train, "_CURRENT", current); monkeypatch.setattr(train, "_TIMED_SHAPES", {})
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1"); monkeypatch.setenv("ATTNREPRO_DRY_RUN_QUICK", "1")
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN_LOG", raising=False)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(32, 3, 16, 16), torch.randint(0, 4, (32,)))
+    steps = []
+    monkeypatch.setattr(train, "train_one_epoch", lambda *a, _f=train.train_one_epoch, **k: steps.append(1) or _f(*a, **k))
+    res = []
+    for i, epochs in enumerate((3, 6)):
+        current.append(dict(run=f"r{i}", hash=f"h{i}"))
+        model = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                  num_classes=4)
+        res.append(train.fit(model, data, data, train.TrainConfig(epochs=epochs, batch_size=8, lr=1e-3, warmup_epochs=0),
+                             progress=False)["dry_run"])
+        current.pop()
+    assert len(steps) == 1                                          # the second run was not stepped
+    assert res[1]["shape_timed_by"] == "r0" and res[1]["step_s"] == res[0]["step_s"]
+    assert res[1]["train_h"] == pytest.approx(2 * res[0]["train_h"])   # its own epochs in its projection
+    t = scale.cost_table(probes).set_index("run")
+    assert t.loc["r1", "status"].startswith("ok: step timed as r0 (same step shape")
