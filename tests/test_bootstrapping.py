@@ -490,6 +490,92 @@ def test_paper_profile_keeps_the_official_batch_and_loss_weights():
         assert w["w_hint"] / w["w_kd"] == 10   # beta (feature) / alpha (KD): the official ratio, Eq. 9's inverse
 
 
+def test_paper_profile_follows_the_official_configs():
+    """Issue #47: the paper profile's clipping, dropout, CNN momentum and crops as the official code applies them
+    (zhfeing/Bootstrapping-ViTs-pytorch configs; the YAML comments cite each line)."""
+    from attnrepro.bootstrapping import make_agent, run_config
+    from attnrepro.report import load_profile
+    P = load_profile("bootstrapping_vit", "paper")
+    clip = lambda m, size="S", ds="c10": run_config(P, m, ds=ds, size=size)["train"].get("grad_clip")
+    # clip_max_norm 0.1 of the ViT and entmax configs; SAM's 1.0 is never read by sam_train_worker; worker_mutual's
+    # clip (Joint-B 2.0, Shared-B 0.1) acts on the first step only; agents and CNNs have none
+    assert [clip("ViT", s) for s in "SB"] == [clip("ViT-Sparse", s) for s in "SB"] == [0.1, 0.1]
+    assert {clip(m, s) for m in ("ViT-SAM", "Agent", "Joint", "Shared", "ResNet50") for s in "SB"} == {None}
+    assert "grad_clip" not in run_config(P, "ViT-SAM", ds="c10")["train"]   # absent, not None: hash as before
+    # dropout 0.1 in ViT-S (every ViT-S config) and ViT-B-Sparse (vit-base-entmax.yaml), none in the other ViT-B
+    drop = lambda m, size: run_config(P, m, ds="c10", size=size)["model"].get("proj_drop_rate", 0.0)
+    assert [drop(m, "S") for m in ("ViT", "ViT-SAM", "ViT-Sparse", "Joint", "Shared")] == [0.1] * 5
+    assert [drop(m, "B") for m in ("ViT", "ViT-SAM", "ViT-Sparse", "Joint", "Shared")] == [0.0, 0.0, 0.1, 0.0, 0.0]
+    # the agents' MLP dropout 0.1 (cnn/agent-*.yaml); a shared agent's is its ViT's (SharedMLP)
+    for m, size, p in (("Agent", "B", 0.1), ("Joint", "B", 0.1), ("Shared", "S", 0.1), ("Shared", "B", 0.0)):
+        cfg = run_config(P, m, ds="c10", size=size)
+        vit = create_student("vit", num_classes=10, **dict(cfg["model"], img_size=32, patch_size=16))
+        agent = make_agent(vit, cfg["agent"], shared=m == "Shared")
+        assert [getattr(b.drop, "p", 0.0) for b in agent.blocks] == [p] * len(agent.blocks), (m, size)
+    assert run_config(P, "ResNet50", ds="c10")["train"]["momentum"] == 0.0   # torch SGD's default: none given
+    # crops: CIFAR pad-4 random crop at 32 px then resize, evaluation resized to 224 uncropped; ImageNet 0.6-1
+    for ds, crop, ev in (("c10", {"pad": 4}, False), ("c100", {"pad": 4}, False), ("imagenet", {"scale": [0.6, 1.0]}, None)):
+        d = run_config(P, "ViT", ds=ds)["data"]
+        assert d["train_crop"] == crop and d.get("eval_crop") == ev, ds
+
+
+def test_per_method_clipping_and_sparse_vit_kwargs_leave_other_profiles_alone():
+    "train.grad_clip per method (and per size) resolves in run_config; profiles without it keep their configs."
+    import copy
+    from attnrepro.bootstrapping import run_config
+    from attnrepro.core import config_hash
+    from attnrepro.report import load_profile
+    P = load_profile("bootstrapping_vit", "mini")
+    base = {m: config_hash(run_config(P, m, ds="c10")) for m in ("ViT", "ViT-Sparse", "Joint", "Agent")}
+    Q = copy.deepcopy(dict(P))
+    Q["train"] = dict(Q["train"], grad_clip={"ViT": 0.5, "Joint": {"B": 2.0}})
+    Q["sparse"] = dict(Q["sparse"], vit_kwargs={"B": {"proj_drop_rate": 0.1}})
+    assert run_config(Q, "ViT", ds="c10")["train"]["grad_clip"] == 0.5
+    assert run_config(Q, "Joint", ds="c10", size="B")["train"]["grad_clip"] == 2.0
+    for m in ("ViT-Sparse", "Joint", "Agent"):   # not listed (Joint: not at size S): unclipped, hash unchanged
+        assert config_hash(run_config(Q, m, ds="c10")) == base[m], m
+    assert run_config(Q, "ViT-Sparse", ds="c10", size="B")["model"]["proj_drop_rate"] == 0.1
+    assert "vit_kwargs" not in run_config(Q, "ViT-Sparse", ds="c10", size="B")["sparse"]
+
+
+def test_agent_mlp_dropout():
+    "mlp_drop: a Dropout after the MLP activation; none by default; a shared agent takes the ViT MLP's; no new state."
+    vit, vit_d = tiny_vit(), tiny_vit(proj_drop_rate=0.2)
+    assert all(isinstance(b.drop, nn.Identity) for a in (AgentCNN(vit), AgentCNN(vit_d), AgentCNN(vit, shared=True))
+               for b in a.blocks)
+    assert [b.drop.p for b in AgentCNN(vit_d, shared=True).blocks] == [0.2, 0.2]
+    assert all(isinstance(b.drop, nn.Identity) for b in AgentCNN(vit_d, shared=True, mlp_drop=0.0).blocks)   # explicit
+    a = AgentCNN(vit, mlp_drop=0.1)
+    assert [b.drop.p for b in a.blocks] == [0.1, 0.1] and list(a.state_dict()) == list(AgentCNN(vit).state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    a.eval()
+    with torch.no_grad(): assert torch.equal(a(x), a(x))   # eval: no dropout
+    with pytest.raises(ValueError, match="mlp_drop"):
+        AgentCNN(vit, mlp_drop=1.5)
+
+
+def test_paper_crops_follow_the_official_pipelines():
+    "CIFAR: pad-4 random crop at the stored 32 px, flip, resize to 224; evaluation resized, not cropped. ImageNet: 0.6-1."
+    from PIL import Image
+    from attnrepro.bootstrapping import PadRandomCrop, run_transforms
+    im = Image.fromarray(np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3))
+    torch.manual_seed(0)
+    crops = [np.asarray(PadRandomCrop(4)(im)) for _ in range(20)]
+    assert all(c.shape == (32, 32, 3) for c in crops) and any((c == 0).all(-1).any() for c in crops)   # zero padding
+    tr, ev = run_transforms(224, {"pad": 4}, eval_crop=False)
+    assert tr(im).shape == ev(im).shape == (3, 224, 224)
+    big = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    full = ev(big)   # resize only: the corners survive (a centre crop of 0.875 would cut them)
+    from torchvision import transforms as T
+    ref = T.Compose([T.Resize((224, 224), T.InterpolationMode.BILINEAR), T.ToTensor()])(big)
+    assert torch.allclose(full[:, 0, 0] * torch.tensor([0.229, 0.224, 0.225]) + torch.tensor([0.485, 0.456, 0.406]),
+                          ref[:, 0, 0], atol=1e-5)
+    tr, ev = run_transforms(224, {"scale": [0.6, 1.0]})
+    assert tr.transforms[0].scale == (0.6, 1.0) and [type(t).__name__ for t in ev.transforms][:2] == ["Resize", "CenterCrop"]
+    with pytest.raises(ValueError, match="train_crop"):
+        run_transforms(224, {"pad": 4, "scale": [0.5, 1]})
+
+
 def test_paper_figures_draw_from_run_results():
     "Figures 5-7 and Tables 8-11's panels from result-shaped dicts."
     import numpy as np
