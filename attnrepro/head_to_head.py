@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -16,12 +17,12 @@ from .verdicts import (Arm, Verdict, all_of, arm, arm_agreement, arms_differ, co
                                 greater, provided, untestable)
 
 # %% auto #0
-__all__ = ['GROUPS', 'CLAIMS', 'COMPOSITION_PARTS', 'CLS_ROW_METHODS', 'COLORS', 'experiment', 'run_fn', 'grid', 'collect',
-           'table_rows', 'row_arm', 'step_s', 'table_main', 'best_of_groups', 'table_fractions', 'reads_cls_row',
-           'paper_rows', 'source_preconditions', 'claim_group_beats_scratch', 'claim_group_beats_group',
-           'steps_by_size', 'steps_regime', 'equal_steps', 'claim_gain_shrinks', 'composition_fix', 'claim_composition',
-           'claims', 'regime', 'source_cls_gate', 'cls_map_table', 'flat_source_note', 'reading', 'plot_cost',
-           'plot_fractions', 'plot_attention']
+__all__ = ['GROUPS', 'CLAIMS', 'COMPOSITION_PARTS', 'CLS_ROW_METHODS', 'DRY_IMAGES', 'COLORS', 'experiment', 'run_fn', 'grid',
+           'collect', 'table_rows', 'row_arm', 'step_s', 'table_main', 'best_of_groups', 'table_fractions',
+           'reads_cls_row', 'paper_rows', 'source_preconditions', 'claim_group_beats_scratch',
+           'claim_group_beats_group', 'steps_by_size', 'steps_regime', 'equal_steps', 'claim_gain_shrinks',
+           'composition_fix', 'claim_composition', 'claims', 'regime', 'source_cls_gate', 'cls_map_table',
+           'flat_source_note', 'reading', 'plot_cost', 'plot_fractions', 'plot_attention']
 
 # %% ../nbs/23_head_to_head.ipynb #f7d76c3d
 GROUPS = {"nothing": "given nothing", "CNN": "a pre-trained CNN", "ViT": "a pre-trained ViT",
@@ -50,9 +51,10 @@ def experiment(P: Mapping, row: Mapping, seed: int, per_class: int | None = None
                       per_class=per_class or t["per_class"], val_split=t["val_split"],
                       val_per_class=t.get("val_per_class"), seed=seed, extras=("cls_attention",), record_correct=True)
 
-def run_fn(config: Mapping, ckpt_dir=None) -> dict:
-    "What `PaperRun.run` trains: `run_experiment` of the config (module level, so grid executors can pickle it)."
-    return run_experiment(dict(config), ckpt_dir)
+def run_fn(config: Mapping, ckpt_dir=None, progress: bool = False) -> dict:
+    """What `PaperRun.run` trains: `run_experiment` of the config (module level, so grid executors can pickle it);
+    `progress`: the profile's, a progress bar per epoch (not part of the config: it changes no result)."""
+    return run_experiment(dict(config), ckpt_dir, progress=progress)
 
 def grid(P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> list[tuple[str, dict]]:
     "(name, config) of every (row, seed), the grid `PaperRun.run_many` trains."
@@ -63,7 +65,7 @@ def grid(P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> lis
 def collect(pr, P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> dict[str, list[dict]]:
     "{row name: its runs' results, seed by seed}: the grid trained (or read from the cache) through `pr.run_many`."
     rows, seeds = list(rows or P["rows"]), list(seeds or P["seeds"])
-    res = pr.run_many(grid(P, rows, per_class, seeds), run_fn)
+    res = pr.run_many(grid(P, rows, per_class, seeds), partial(run_fn, progress=bool(P.get("progress", False))))
     return {r["name"]: res[i * len(seeds):(i + 1) * len(seeds)] for i, r in enumerate(rows)}
 
 def table_rows(P: Mapping) -> pd.DataFrame:
@@ -314,13 +316,17 @@ def regime(P: Mapping) -> str:
 def _spread(n_total: int, n: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, n_total - 1, min(n, n_total))})
 
+DRY_IMAGES = 16   # a dry run measures the teacher's CLS row on this many images: it costs the grid, its numbers mean nothing
+
 def source_cls_gate(teacher, val_set, n_images: int = 256, name: str = "the ViT teacher") -> tuple[dict, Verdict]:
     """({per_head, mean, uniform, ratio} of `cls_row_entropy`, the gate as a `Verdict`) of `teacher`'s last-block CLS
-    row on `n_images` test images spread over `val_set`: passed when the ratio to the uniform row's entropy is at most
-    `CLS_ENTROPY_GATE` (above it the row is near-flat and GTA / AttnDistill's KL transfer a near-uniform map)."""
+    row on `n_images` test images spread over `val_set` (`DRY_IMAGES` in a dry run): passed when the ratio to the
+    uniform row's entropy is at most `CLS_ENTROPY_GATE` (above it the row is near-flat and GTA / AttnDistill's KL
+    transfer a near-uniform map)."""
     import torch
     from attnrepro.attention import CLS_ENTROPY_GATE, cls_row_entropy
-    idx = _spread(len(val_set), n_images)
+    from attnrepro.dryrun import dry_run_steps
+    idx = _spread(len(val_set), min(n_images, DRY_IMAGES) if dry_run_steps() else n_images)
     e = cls_row_entropy(teacher, torch.stack([val_set[i][0] for i in idx]))
     what = (f"CLS-row gate of {name}: its last-block CLS row has entropy {e['mean']:.2f} of {e['uniform']:.2f} nats "
             f"(uniform over the patches) on {len(idx)} test images, {e['ratio']:.2f} of uniform (gate: at most "

@@ -24,16 +24,16 @@ from .models import create_student, load_state_dict_strict
 from .train import LossTerm, Method, StepContext, TrainConfig, ce_term, fit
 
 # %% auto #0
-__all__ = ['TINY_ARCH', 'encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify', 'patch_targets',
-           'random_masking', 'sincos_pos_embed', 'MAE', 'DINOHead', 'MultiCropWrapper', 'DINOLoss', 'teacher_temp_at',
-           'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL', 'MultiCropTransform',
-           'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod', 'pretrain_mae', 'pretrain_dino',
-           'pretrain_supervised', 'cls_features', 'feature_quality', 'random_init_quality', 'teacher_quality',
-           'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets', 'quality_kwargs', 'train_teacher_run',
-           'gate_sets', 'gate_run', 'plot_cls_attention', 'published_checkpoints', 'teacher_names', 'teacher_plan',
-           'random_init_run', 'saved_teacher_matches', 'teacher_summary', 'quality_table', 'manifest_table',
-           'check_beats_random', 'gates_table', 'gate_pilot', 'plot_loss_curves', 'spread_indices',
-           'attention_objects_table']
+__all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify',
+           'patch_targets', 'random_masking', 'sincos_pos_embed', 'MAE', 'DINOHead', 'MultiCropWrapper', 'DINOLoss',
+           'teacher_temp_at', 'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL',
+           'MultiCropTransform', 'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod',
+           'pretrain_mae', 'pretrain_dino', 'pretrain_supervised', 'cls_features', 'feature_quality',
+           'random_init_quality', 'teacher_quality', 'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets',
+           'quality_kwargs', 'train_teacher_run', 'gate_sets', 'gate_run', 'plot_cls_attention',
+           'published_checkpoints', 'teacher_names', 'teacher_plan', 'random_init_run', 'saved_teacher_matches',
+           'teacher_summary', 'quality_table', 'manifest_table', 'check_beats_random', 'gates_table', 'gate_pilot',
+           'plot_loss_curves', 'spread_indices', 'attention_objects_table']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -634,7 +634,8 @@ import json, time
 from collections.abc import Mapping
 
 from .core import git_commit
-from .data import class_balanced_subset, eval_transform, get_dataset, train_transform
+from .data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset, train_transform
+from .dryrun import dry_run_steps
 from .models import save_teacher
 
 def pretrain_dataset(spec: Mapping, img_size: int):
@@ -650,22 +651,30 @@ def pretrain_dataset(spec: Mapping, img_size: int):
     ds = get_dataset(d["name"], d.get("split", "train"), transform=tf)
     return class_balanced_subset(ds, per_class=d["per_class"], seed=0) if d.get("per_class") else ds
 
+DRY_QUALITY = 32   # a dry run scores quality (k-NN, probe, CLS entropy, attention maps) on this many images of each set
+
 def quality_sets(quality: Mapping, img_size: int, per_class_train=None, per_class_val=None):
-    "Labelled train / val sets of a quality spec's data with the eval transform (optionally class-balanced subsets)."
+    """Labelled train / val sets of a quality spec's data with the eval transform (optionally class-balanced subsets).
+    In a dry run (`dry_run_steps()`) each is cut to `DRY_QUALITY` images spread over it: the dry run costs training,
+    and a random-init baseline on 60k CIFAR-10 images alone takes many CPU minutes; its quality numbers mean nothing."""
     tf = eval_transform(img_size)
     tr = get_dataset(quality["data"], "train", transform=tf)
     va = get_dataset(quality["data"], quality.get("val_split", "val"), transform=tf)
     if per_class_train: tr = class_balanced_subset(tr, per_class=per_class_train, seed=0)
     if per_class_val: va = class_balanced_subset(va, per_class=per_class_val, seed=0)
+    if dry_run_steps():
+        tr, va = (LabelledSubset(d, spread_indices(len(d), min(len(d), DRY_QUALITY))) for d in (tr, va))
     return tr, va
 
 def quality_kwargs(quality: Mapping) -> dict:
     "The k-NN / probe settings of a quality spec, as `teacher_quality` and `random_init_quality` take them."
     return {k: quality[k] for k in ("k", "T", "probe_epochs", "probe_lr", "probe_batch")}
 
-def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapping, teacher_dir) -> dict:
+def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapping, teacher_dir,
+                      progress: bool | None = None) -> dict:
     """Pre-train the teacher of a config with its algorithm, score it against `random_q` (a random ViT's quality),
-    save it in `teacher_dir` with its manifest, and return the run's small record."""
+    save it in `teacher_dir` with its manifest, and return the run's small record. `progress`: a progress bar per
+    epoch (None: the recipe's `progress`; the notebook passes it, so the key is read even where every run is cached)."""
     name, spec = config["name"], config["spec"]
     arch, algo = config["arch"], spec["algorithm"]
     img, qual = arch["img_size"], config["quality"]
@@ -674,7 +683,7 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
     opts, mon = dict(spec.get("options") or {}), spec.get("monitor")
     val = bank = None
     if mon: bank, val = quality_sets(qual, img, mon["bank_per_class"], mon["val_per_class"])
-    progress = bool(recipe.get("progress", False))
+    progress = bool(recipe.get("progress", False)) if progress is None else progress
     if algo == "mae":
         enc, res = pretrain_mae(ds, arch, cfg, ckpt_dir, val_data=val, knn_bank=bank, progress=progress, **opts)
     elif algo == "dino":
@@ -714,8 +723,9 @@ def gate_sets(recipe: Mapping, task: Mapping):
     if d.get("val_per_class"): va = class_balanced_subset(va, per_class=d["val_per_class"], seed=0)
     return tr, va
 
-def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir) -> dict:
-    "One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher."
+def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir, progress: bool | None = None) -> dict:
+    """One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher.
+    `progress`: as `train_teacher_run`'s."""
     from attnrepro.transfer import build_transfer   # transfer imports this module
     task, name = config["task"], config["teacher"]
     tr, va = gate_sets(recipe, task)
@@ -724,7 +734,7 @@ def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir) -> dict:
     model, method = build_transfer("finetune" if name else "scratch", teacher, n_classes, shape=recipe["arch"],
                                    seed=config["seed"])
     res = fit(model, tr, va, TrainConfig(**task["train"], seed=config["seed"]), method, ckpt_dir=ckpt_dir,
-              progress=bool(recipe.get("progress", False)))
+              progress=bool(recipe.get("progress", False)) if progress is None else progress)
     return dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"], n_val=res["final"]["n"], steps=res["steps"],
                 train_loss=[h["loss"] for h in res["history"]], wall_time_s=res["wall_time_s"])
 

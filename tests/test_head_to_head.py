@@ -135,3 +135,29 @@ def test_committed_composition_1_is_inert_and_the_size_claim_needs_equal_steps()
     passed = {c[0]: c for c in h2h.claims(P, R, F, best, source_gate=gate(True, "CLS-row gate"))}
     assert passed["vit_rows_beat_scratch"][2].verdict == "does not hold"   # with a passed gate GTA's -3 points decide it
     assert out["composition_1"][2].verdict == "untestable" and out["composition_3"][2].verdict == "holds"
+
+
+@pytest.mark.parametrize("profile", ["smoke", "mini", "paper"])
+def test_progress_is_read_and_reaches_the_runs(profile):
+    "The profile's `progress` (a recipe key, issue #47) reaches every run `collect` trains, outside the config's hash."
+    P = load_profile("head_to_head", profile)
+
+    class FakeRun:   # PaperRun.run_many's shape: records the run function, returns one result per item
+        def run_many(self, items, fn):
+            self.fn, self.items = fn, list(items)
+            return [{} for _ in self.items]
+
+    pr = FakeRun()
+    h2h.collect(pr, P)
+    assert "progress" not in P.unread()   # collect read it (before this test's own look below)
+    assert pr.fn.func is h2h.run_fn and pr.fn.keywords == {"progress": P["progress"]}
+    assert all("progress" not in c for _, c in pr.items)
+
+
+def test_source_cls_gate_uses_a_handful_of_images_in_a_dry_run(monkeypatch):
+    m = create_student("vit", **SHAPE, num_classes=10)
+    val = [(torch.randn(3, 32, 32), 0) for _ in range(64)]
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    assert h2h.source_cls_gate(m, val)[0]["n_images"] == h2h.DRY_IMAGES
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN")
+    assert h2h.source_cls_gate(m, val)[0]["n_images"] == 64

@@ -309,6 +309,19 @@ def test_monitor_and_quality(quality_sets):
     assert teacher_quality(enc, tr, va, baseline=rq, probe_epochs=2) == q
 
 
+def test_quality_sets_are_a_handful_of_images_in_a_dry_run(monkeypatch):
+    "A dry run costs training: its quality measurements (random-init baseline, k-NN, probe, CLS maps) see a few images."
+    from attnrepro.pretrain import DRY_QUALITY, quality_sets
+    q = {"data": "tiny-imagenet-sample"}
+    full = quality_sets(q, 64)
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    tr, va = quality_sets(q, 64)
+    assert len(tr) == len(va) == DRY_QUALITY < min(map(len, full))
+    assert len(set(tr.targets)) > 1 and tr.indices[0] == 0 and tr.indices[-1] == len(full[0]) - 1   # spread over the set
+    bank, val = quality_sets(q, 64, 1, 1)   # the monitor's per-class subsets stay within the cut
+    assert len(bank) <= DRY_QUALITY and len(val) <= DRY_QUALITY
+
+
 def test_feature_quality_separable():
     g = torch.Generator().manual_seed(0)
     centres = torch.randn(5, 8, generator=g) * 4
