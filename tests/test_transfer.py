@@ -348,3 +348,76 @@ def test_table_1_keeps_the_row_order_and_pairs_each_row_with_scratch():
     vs = t1["vs_scratch (ours, mini)"].tolist()
     assert vs[0] == "" and all(v.startswith("+") for v in vs[1:])
     assert "4 of these runs are the pilot's" in cap and "paired on the 2000 test images" in cap
+
+
+# --- the paper profile as published (issue #47) -------------------------------------------------------------------
+
+def test_global_pool_avg_is_maes_fine_tuning_and_absent_keeps_the_cls_student():
+    from attnrepro.transfer import scratch_student
+    t, _ = _models()
+    ft = pretrained_student(t, 7, global_pool="avg")   # MAE's global_pool=True: the final norm goes, fc_norm is new
+    assert ft.global_pool == "avg" and isinstance(ft.norm, nn.Identity) and isinstance(ft.fc_norm, nn.LayerNorm)
+    assert torch.equal(ft.blocks[2].mlp.fc2.weight, t.blocks[2].mlp.fc2.weight)
+    assert torch.equal(ft.fc_norm.weight, torch.ones_like(ft.fc_norm.weight))   # fresh, not the teacher's norm
+    x = torch.randn(2, 3, 32, 32)
+    tok = ft.forward_features(x)
+    assert torch.allclose(ft.forward_head(tok, pre_logits=True), ft.fc_norm(tok[:, 1:].mean(1)), atol=1e-6)
+    # None: create_student's call as before (same init, the CLS token), so smoke / mini run configs stay what they were
+    a, b = (scratch_student(dict(KW), 5, seed=3, global_pool=g) for g in (None, "token"))
+    assert a.global_pool == "token" and all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    with pytest.raises(ValueError, match="global_pool"):
+        scratch_student(dict(KW), 5, global_pool="max")
+    model, _ = build_transfer("copy", t, 5, global_pool="avg")
+    assert model.student.global_pool == "avg" and model(x).shape == (2, 5)
+
+
+def test_a_row_whose_recipe_trains_an_ema_reports_the_ema_weights(tmp_path):
+    from attnrepro.train import load_checkpoint
+    from attnrepro.transfer import TransferRuns, ema_weights, reports_ema
+    from attnrepro.verdicts import unpack_correct
+    seed_everything(0)
+    ds = TensorDataset(torch.randn(24, 3, 32, 32), torch.randint(0, 5, (24,)))
+    model = create_student(**KW, num_classes=5)
+    tc = TrainConfig(epochs=2, batch_size=8, lr=1e-3, warmup_epochs=0, ema_decay=0.5)
+    res = fit(model, ds, ds, tc, ckpt_dir=tmp_path, progress=False)
+    raw = dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"])
+    out = TransferRuns._ema_result(model, ds, tc, tmp_path, True, raw)
+    assert out["weights"] == "EMA (decay 0.5)" and out["acc1_raw"] == raw["acc1"] and out["n_val"] == 24
+    assert out["acc1"] == pytest.approx(res["history"][-1]["val_ema_acc1"])   # fit's own EMA score of the same weights
+    assert 100 * unpack_correct(out["correct"]).mean() == pytest.approx(out["acc1"])
+    ema = ema_weights(load_checkpoint(tmp_path / "checkpoint.pth")["ema"])
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in ema.items())   # the model now holds the EMA weights
+    assert reports_ema({"train": {"ema_decay": 0.9999}}) and not reports_ema({"train": {"epochs": 1}})
+
+
+def test_paper_profile_rows_weights_sizes_and_lambda():
+    from attnrepro.core import config_hash
+    from attnrepro.report import load_profile
+    from attnrepro.transfer import TransferRuns, weights_note
+    P = load_profile("attention_transfer", "paper")
+    tr = TransferRuns(P, None)
+    note = weights_note(P, tr)
+    assert "EMA model (decay 0.9999) for scratch, copy, partial copies, distill" in note and "raw weights for fine-tune" in note
+    # the DINO dagger: a ViT-B student for the ViT-B teacher, distilling the headline's share of its blocks (9 of 12)
+    vitb = dict(P["model_sizes"]["ViT-B"]["shape"])
+    c = tr.spec("distill", teacher="dino", shape=vitb, weight=P["distill"]["other_weight"])
+    assert c["shape"] == vitb and c["layers"] == list(range(9)) and c["weight"] == 1.0
+    assert tr.spec("distill")["layers"] == list(range(18)) and tr.spec("distill")["weight"] == 3.0
+    assert tr.spec("copy", layers=[0])["schedule"]["global_pool"] == "avg"
+    for prof in ("smoke", "mini"):   # no EMA, no pooling key: their captions and run configs as before
+        Q = load_profile("attention_transfer", prof)
+        t = TransferRuns(Q, None)
+        assert weights_note(Q, t) == "" and "global_pool" not in t.spec("copy")["schedule"]
+        assert config_hash(t.spec("distill", shape=dict(Q["shape"]))) == config_hash(t.spec("distill"))
+
+
+def test_sweep_with_one_seed_everywhere_has_no_interval_and_says_so():
+    from attnrepro.transfer import ONE_SEED, Sweep, hits_arm, table_12_aggregated
+    P = dict(sweeps=dict(schedule="sw", claim_seeds=[0]), recipes=dict(sw=dict(train=dict(epochs=3))), proxy_short="toy")
+    res = {k: _fake_runs(p, 1, seed=i) for i, (k, p) in enumerate(dict(scratch=.3, **{"fine-tune": .6}, copy=.5, distill=.55,
+                                                                      **{"average over examples": .35}).items())}
+    sw = Sweep(res, ["scratch", "fine-tune", "copy", "distill"], {"scratch": hits_arm(_fake_runs(.3, 1), "scratch")}, P)
+    assert sw.sd is None and "no interval (one seed everywhere" in sw.note
+    assert [p.verdict for p in sw.premise] == ["untestable", "untestable"]
+    t12, _ = table_12_aggregated(sw, ["examples"], "paper")
+    assert t12.set_index("average_over")["vs copy (ours, paper)"]["examples"] == ONE_SEED
