@@ -33,14 +33,15 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'claim_cifar_aal_beats_label_distillation', 'claim_lambda_best', 'claim_decay_beats_fixed',
            'link_depth_correlation', 'top_layer_share', 'init_link_magnitude', 'claim_links_follow_depth',
            'links_learned', 'epochs_to_reach', 'claim_converges_faster', 'claim_localises_better', 'frozen_teacher',
-           'teacher_stats', 'label_teacher', 'run_datasets', 'lambda_gammas', 'load_backbone_', 'build_run',
-           'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist', 'train_run', 'teacher_top1', 'train_kw',
-           'aal_spec', 'deit_spec', 'regime_config', 'describe_regime', 'regime_words', 'sweep_regime_words',
-           'arch_counts_run', 'step_time_run', 'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves',
-           'plot_link_magnitudes', 'plot_link_evolution', 'plot_attention_examples', 'paper_recipe', 'mean_of',
-           'links_of', 'link_words', 'hit_arm', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2',
-           'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'cifar_items', 'run_grouped',
-           'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
+           'teacher_stats', 'label_teacher', 'run_datasets', 'lambda_gammas', 'load_backbone_', 'cls_head_ce_method',
+           'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist', 'train_config', 'run_recipe',
+           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'convit_arch', 'step_time_config', 'deit_spec',
+           'regime_config', 'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run',
+           'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes',
+           'plot_link_evolution', 'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words',
+           'hit_arm', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps', 'table_3',
+           'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped', 'table_5',
+           'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
            'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
            'table_lambda_decay', 'SweepArms', 'regime_floor', 'check_low_data', 'check_gap', 'check_selective',
            'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda', 'check_decay']
@@ -833,8 +834,21 @@ def load_backbone_(student: nn.Module, spec: str) -> None:
         raise ValueError(f"{spec} does not fit the student: missing {[k for k in missing if not k.startswith('head')]}, "
                          f"unexpected {unexpected}")
 
+def cls_head_ce_method() -> Method:
+    """Plain CE for a DeiT student in distilled training mode (it returns (class, distillation) logits): CE on the class
+    head; the distillation head is trained by no term and averaged into the prediction at test time, as DeiT's code
+    does with `--distillation-type none` on a distilled model (the paper profile's DeiT-S, decision 1)."""
+    def forward(ctx: StepContext) -> None:
+        ctx.out = ctx.train_model(ctx.x)
+        ctx.logits, ctx.dist_logits = ctx.out if isinstance(ctx.out, (tuple, list)) else (ctx.out, None)
+    method = Method(name="supervised", forward=forward)
+    method.composable_forward = True
+    return method
+
 def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Method | None]:
-    "Student and method (None: plain CE) of a run config; `distill`: the recipe's label-distillation weights."
+    """Student and method (None: plain CE) of a run config; `distill`: the recipe's label-distillation weights. A 'deit'
+    student trains in distilled mode: without a label-distillation term (the paper profile's CE and CE + AAL runs on
+    DeiT-S, distilled version) its class head gets the CE and its distillation head no term (decision 1)."""
     m, arch = config["method"], dict(config["arch"])
     n_cls, epochs = len(classes), config["train"]["epochs"]
     if m["kind"] not in AAL_METHODS:
@@ -848,7 +862,7 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
     if arch["arch"] == "deit":
         student.set_distilled_training(True)
     if m["kind"] == "ce":
-        return student, None
+        return student, cls_head_ce_method() if arch["arch"] == "deit" else None
     if m["kind"] == "deit":
         d = distill[kind]
         return student, distill_method(label_teacher(m["teacher"], classes), kind,
@@ -917,20 +931,37 @@ def abs_hist(w0: torch.Tensor, w: torch.Tensor, bins: int = 30) -> dict:
     return dict(edges=edges.round(6).tolist(), init=np.histogram(w0.abs().numpy(), edges)[0].tolist(),
                 trained=np.histogram(w.abs().numpy(), edges)[0].tolist())
 
+def train_config(config: Mapping) -> dict:
+    """`TrainConfig` kwargs of a run config: its augmentation preset's Mixup / CutMix / label smoothing, then its `train`
+    (a key the recipe's `train` sets explicitly wins over the preset's default; the preset no longer overrides it). In a
+    dry run on a CPU, bf16 autocast is off: this CPU has no bf16 units and emulates it at ~6x the fp32 step (DeiT-S,
+    batch 8, measured), and a CPU's step time projects nothing for a GPU anyway; on a GPU the recipe's `amp` stands."""
+    kw = {**AUGMENT_PRESETS[config["augment"]], **config["train"]}
+    if dry_run_steps() and kw.get("amp") and not torch.cuda.is_available(): kw["amp"] = False
+    return kw
+
+def run_recipe(recipe: Mapping) -> dict:
+    """What `train_run` reads of a profile, read once when the notebook binds it (so that a regeneration from cached
+    runs, which trains nothing, still reads them): the label-distillation weights, Algorithm 1's theta_l, progress."""
+    return dict(distill={k: dict(v) for k, v in recipe["distill"].items()}, theta_l=recipe["theta_l"],
+                progress=bool(recipe.get("progress", False)))
+
 def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
-    """Train one run config of the aal notebook (`recipe`: its profile, for `distill`, `theta_l`, `progress`): top-1/5,
+    """Train one run config of the aal notebook (`recipe`: its profile, or `run_recipe` of it, for `distill`, `theta_l`,
+    `progress`): top-1/5,
     the per-image val hits, the learning curve, loss weights per epoch, and for AAL the links and their history."""
     tr, va, classes = run_datasets(config["data"], config["arch"]["img_size"], config["augment"])
     student, method = build_run(config, classes, recipe["distill"])
     links = method.extra_modules["aal_links"] if method is not None and method.name == "aal" else None
     w0 = links.link_weight().detach().clone() if links is not None else None   # the random init (seeded), Figure 2
-    cfg = TrainConfig(**{**config["train"], **AUGMENT_PRESETS[config["augment"]]})
+    cfg = TrainConfig(**train_config(config))
     # per-image val hits kept (pack_correct) so that arms compare paired on one test set (verdicts.paired_difference)
     res = fit(student, tr, va, cfg, method=method, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress", False)),
               record_correct=True)
     hist = res["history"]
     out = dict(top1=res["final"]["acc1"], top5=res["final"]["acc5"], epochs=res["epochs"], steps=res["steps"],
-               n_train=len(tr), n_val=len(va), wall_time_s=res["wall_time_s"], correct=res["final"]["correct"],
+               n_train=len(tr), n_val=res["final"]["n"] if dry_run_steps() else len(va),   # a dry run scores a few
+               wall_time_s=res["wall_time_s"], correct=res["final"]["correct"],
                images_per_s=len(tr) * res["epochs"] / max(res["wall_time_s"], 1e-9),
                n_params=res["n_params"], n_params_extra=res["n_params_extra"],
                curve=[dict(epoch=h["epoch"] + 1, top1=h["val_acc1"], top5=h["val_acc5"]) for h in hist if "val_acc1" in h],
@@ -984,6 +1015,18 @@ def aal_spec(recipe: Mapping, teacher_name: str, links="full", lam=None, decay=N
     if distill: m["distill"] = distill
     if teacher_size: m["teacher_size"] = teacher_size
     return m
+
+def convit_arch(recipe: Mapping, student: Mapping) -> dict:
+    """The ConViT baseline beside `student`: its layout with arch 'convit', then the profile's `sweep.convit` overrides
+    where it gives them (paper: ConViT-S, 9 heads x 48 = 432 wide, 27.8M parameters as timm's `convit_small`; below it
+    the student's own width, and no key, so that those configs hash as they did)."""
+    return dict(student, arch="convit", **recipe["sweep"].get("convit", {}))
+
+def step_time_config(recipe: Mapping, student: Mapping, teacher: str, data: str) -> dict:
+    "Table D's step-time config: the sweep's student and teacher, the profile's `table_d.runtime`, and `sweep.convit` where set."
+    cv = recipe["sweep"].get("convit")
+    return dict(kind="step_time", student=student, teacher=teacher, data=data, **recipe["table_d"]["runtime"],
+                **({"convit": dict(cv)} if cv else {}))
 
 def deit_spec(teacher_name: str, kind: str = "hard", teacher_size=None) -> dict:
     "The method spec of DeiT label distillation from `teacher_name`."
@@ -1044,14 +1087,15 @@ def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> di
     dev = torch.device(device or "cpu")
     st, tt = config["student"], config["teacher"]
     batch, warmup, steps = config["batch"], config["warmup"], config["steps"]
-    if dry_run_steps(): batch, warmup, steps = min(batch, dry_run_cpu_batch()), 1, dry_run_steps()   # a few small steps
+    if dry_run_steps(): batch, warmup, steps = 2, 0, 1   # a dry run: one step of two images per student (seconds)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(batch, 3, st["img_size"], st["img_size"], generator=g).to(dev)
     classes = get_dataset(config["data"], "train").classes
     y = torch.randint(0, len(classes), (batch,), generator=g).to(dev)
     out = {}
-    for key, (arch, m) in dict(deit=(dict(st, arch="deit"), deit_spec(tt)), convit=(dict(st, arch="convit"), CE_SPEC),
+    cv = dict(st, arch="convit", **config.get("convit", {}))   # the profile's ConViT layout where it gives one
+    for key, (arch, m) in dict(deit=(dict(st, arch="deit"), deit_spec(tt)), convit=(cv, CE_SPEC),
                                aal=(st, aal_spec(recipe, tt))).items():
         student, method = build_run(dict(arch=arch, method=m, train=train_kw(recipe, 10)), classes, recipe["distill"])
         method = method or Method()
@@ -1132,9 +1176,10 @@ class LinkSweep:
         "fraction -> [result per seed] of one arm of the sweep, its runs named `<arm>_<fraction>_seed<seed>`."
         return self.by_fraction(lambda f, s: (self.config(f, method, arch, s, arm), f"{arm}_{f}_seed{s}"), arm)
 
-    def check_reuse(self, mini: Mapping, ce_method: Mapping) -> None:
-        "The mini profile's `sweep.reuse` (the pilot's CE runs) still hash to the runs it names, as this sweep builds them."
-        for r in mini["sweep"].get("reuse", []):
+    def check_reuse(self, mini: Mapping, ce_method: Mapping, reuse: Sequence[Mapping] | None = None) -> None:
+        """The mini profile's `sweep.reuse` (the pilot's CE runs; `reuse`: this profile's own list where it has one) still
+        hash to the runs it names, as this sweep builds them from `mini`."""
+        for r in (mini["sweep"].get("reuse", []) if reuse is None else reuse):
             if r["arm"] != "ce":
                 raise ValueError(f"sweep.reuse lists {r['arm']!r} runs; only the pilot's CE runs are reusable")
             got = [config_hash(self.config(r["fraction"], ce_method, mini[mini["sweep"]["student"]], s, "ce", mini))
@@ -1458,12 +1503,22 @@ NO_CIFAR_TEACHER = ("not run: the paper does not name its CIFAR-10 teacher (cifa
                     "set it to a get_teacher spec of a CIFAR-10 CNN (a checkpoint file, or 'timm:<name>' with its weights) to "
                     "run this row")
 
+def distill_weights(recipe: Mapping, kind: str) -> dict:
+    "The profile's DeiT label-distillation weights of `kind` ('hard' | 'soft'), checked complete (soft: also T)."
+    d = dict(recipe["distill"][kind])
+    missing = {"ce_weight", "weight", *(["T"] if kind == "soft" else [])} - d.keys()
+    if missing: raise ValueError(f"distill.{kind} lacks {sorted(missing)} in the profile")
+    return d
+
 def cifar_items(recipe: Mapping, sweep: LinkSweep, aug: str, arm_: str, method: dict, arch: dict) -> list[tuple[dict, str]]:
     """One row of Table 5 as (config, name) per seed: in a sweep regime the sweep's runs (a sweep arm's seeds), else
-    the secondary seeds; [] when the method needs a teacher the profile does not give."""
+    the secondary seeds; [] when the method needs a teacher the profile does not give (its distillation weights are
+    still checked: the row runs as soon as a teacher is given, e.g. `distill.soft` at the paper profile)."""
     CF, SW = recipe["cifar"], recipe["sweep"]
     R = CF[aug]
-    if "teacher" in method and method["teacher"] is None: return []   # NO_CIFAR_TEACHER
+    if "teacher" in method and method["teacher"] is None:   # NO_CIFAR_TEACHER
+        if method.get("distill"): distill_weights(recipe, method["distill"])
+        return []
     sweep_of = {r: int(f) for f, r in SW["fractions"].items()}   # regime -> the sweep fraction that runs it
     seeds_ = sweep.seeds(sweep_of[R], arm_) if R in sweep_of and arm_ in SW["arms"] else CF["secondary_seeds"]
     if R in sweep_of:
@@ -1481,7 +1536,7 @@ def run_grouped(run_all: Callable[[list], list], groups: Mapping) -> dict:
 def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple[pd.DataFrame, str, set]:
     """Table 5, its caption and the rows not run (no CIFAR-10 teacher given): `cifar` maps (method, augmentation) to
     that row's runs."""
-    CF, ST = recipe["cifar"], _sweep_parts(recipe)[1]
+    CF, ST = recipe["cifar"], recipe["cifar_student"]
     describe = lambda k: describe_regime(recipe, k)
     t5o = pd.DataFrame([dict(method=n, augmentation=a, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs))
                         for (n, a), rs in cifar.items()])

@@ -20,12 +20,13 @@ from .models import describe_model
 from .train import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
-__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'Pre', 'TABLE10_ROWS', 'CLAIM_ROWS',
-           'SWEEPS', 'REF_VARS', 'OFFICIAL_PROJ_LAYERS', 'HEAD_ARM', 'GATE_KINDS', 'INERT_REF_WITHIN', 'clamp_renorm',
-           'aggregate_heads', 'interpolate_cls_attention', 'value_weighted', 'cls_attention_loss', 'projector_dims',
-           'Projector', 'patch_alignment_loss', 'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets',
-           'attndistill_method', 'projector_layer_features', 'run_datasets', 'run_teacher', 'figure_images', 'probe_lr',
-           'quality', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config', 'HitArm', 'hit_arm',
+__all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'COMPRESS_QUEUE', 'DRY_EVAL', 'DRY_PROBE_EPOCHS', 'BASE_OPTS', 'AD_OPTS',
+           'CLAIM_TEXTS', 'Pre', 'TABLE10_ROWS', 'CLAIM_ROWS', 'SWEEPS', 'REF_VARS', 'OFFICIAL_PROJ_LAYERS', 'HEAD_ARM',
+           'GATE_KINDS', 'INERT_REF_WITHIN', 'clamp_renorm', 'aggregate_heads', 'interpolate_cls_attention',
+           'value_weighted', 'cls_attention_loss', 'projector_dims', 'Projector', 'patch_alignment_loss',
+           'CompRessQueue', 'compress_loss', 'layer_pairs', 'teacher_targets', 'attndistill_method',
+           'projector_layer_features', 'run_datasets', 'run_teacher', 'figure_images', 'probe_lr', 'quality',
+           'train_config', 'teacher_quality_run', 'distill_run', 'variants', 'variant_config', 'HitArm', 'hit_arm',
            'compare', 'claim_gain_over_feature_regression', 'claim_gain_across_shapes', 'claim_kl_beats_alternatives',
            'claim_projector_design', 'table10_rows', 'attndistill_claims', 'reported_getter', 'reported_claims',
            'loss_shares', 'config_row', 'position_embedding_kind', 'mae_curve_run', 'plot_teacher_vs_students',
@@ -240,11 +241,13 @@ def teacher_targets(teacher: nn.Module, x: torch.Tensor, layers: Sequence[int], 
     return dict(cls=tok[:, 0].float(), patches=tok[:, 1:].float(), maps=cap.maps, v=cap.v if with_v else None)
 
 # %% ../nbs/16_attndistill.ipynb #4b2ea1c5
+COMPRESS_QUEUE = 4096   # CompRess bank size when a run's config names none (the mini profile's: its runs' configs omit it)
+
 def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int = 4, feature_weight: float = 1.0,
                        attn_weight: float = 0.1, T: float = 10.0, aggregate: str | None = "auto",
                        interpolate: bool = True, attn_layers: str = "last", attn_loss: str = "kl",
                        value_weight: bool = False, patch_align_weight: float = 0.0, compress_weight: float = 0.0,
-                       compress_queue: int = 4096, compress_tau: float = 0.04, extra_terms: Sequence[LossTerm] = (),
+                       compress_queue: int = COMPRESS_QUEUE, compress_tau: float = 0.04, extra_terms: Sequence[LossTerm] = (),
                        name: str = "attndistill") -> Method:
     """AttnDistill as a `Method`: terms `feat` (PA, CLS regression through the projector), `attn` (lambda * L_a),
     optionally `patch` (patch-token alignment) and `compress` (CompRess KD); weight 0 drops a term."""
@@ -349,7 +352,7 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
     return [torch.cat(f) for f in feats], torch.cat(labels)
 
 # %% ../nbs/16_attndistill.ipynb #114ddfe2
-import json, time
+import dataclasses, json, os, time
 from collections.abc import Mapping
 
 import numpy as np
@@ -359,24 +362,29 @@ from .attention import attention_maps
 from .data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset
 from .evaluate import knn_accuracy, linear_probe
 from .models import create_student, teacher_available
-from .pretrain import cls_features, get_teacher, mae_transform
+from .pretrain import cls_features, get_teacher, mae_transform, spread_indices
 from .scale import ProcessCache, dry_run_steps
 from .train import TrainConfig, fit
 from .verdicts import pack_correct
 
 _RUN_CACHE = ProcessCache()   # data and teacher, built once per process (a grid job builds its own)
+# A dry run costs training; its analyses (k-NN, probe, teacher quality, Figure 7's probes) only have to run, so they see
+# DRY_EVAL images (labelled bank, test set; the bank keeps k = 10 and 20) and the probe trains DRY_PROBE_EPOCHS epochs.
+DRY_EVAL, DRY_PROBE_EPOCHS = (20, 8), 2
 
 def run_datasets(data: Mapping, img_size: int):
     """(distillation set with MAE's augmentation, the same images with the eval transform, val set) of a data spec
-    {train, train_per_class, val, val_split}; a dry run keeps 40 images of the two evaluation sets."""
+    {train, train_per_class, val, val_split}; a dry run keeps `DRY_EVAL` images of the two evaluation sets, spread over
+    each."""
     key = ("data", json.dumps(dict(data), sort_keys=True), img_size)
     if key not in _RUN_CACHE:
         sub = lambda ds: class_balanced_subset(ds, per_class=data["train_per_class"], seed=0) if data["train_per_class"] else ds
         train_aug = sub(get_dataset(data["train"], "train", transform=mae_transform(img_size)))
         train_eval = sub(get_dataset(data["train"], "train", transform=eval_transform(img_size)))
         val_eval = get_dataset(data["val"], data["val_split"], transform=eval_transform(img_size))
-        if dry_run_steps():   # a dry run costs training; the k-NN / probe (not costed) see 40 images each
-            train_eval, val_eval = (LabelledSubset(d, range(min(len(d), 40))) for d in (train_eval, val_eval))
+        if dry_run_steps():   # a dry run costs training; the k-NN / probe (not costed) see a few images
+            train_eval, val_eval = (LabelledSubset(d, spread_indices(len(d), min(len(d), n)).tolist())
+                                    for d, n in zip((train_eval, val_eval), DRY_EVAL))
         _RUN_CACHE[key] = train_aug, train_eval, val_eval
     return _RUN_CACHE[key]
 
@@ -426,15 +434,33 @@ def quality(train_f, val_f, ytr, yva, eval_spec: Mapping, n_cls: int, seed: int 
     E = eval_spec
     ks = [k for k in E["ks"] if k <= len(train_f)]
     knn = knn_accuracy(train_f, ytr, val_f, yva, k=ks, T=0.07, num_classes=n_cls, return_correct=True)
-    lin = linear_probe(train_f, ytr, val_f, yva, epochs=E["probe_epochs"], lr=probe_lr(E), batch_size=E["probe_batch"],
+    epochs, warm = E["probe_epochs"], E.get("probe_warmup_epochs", 0)
+    if dry_run_steps():   # the probe only has to run (warm-up scaled alike)
+        epochs, warm = min(epochs, DRY_PROBE_EPOCHS), warm * min(epochs, DRY_PROBE_EPOCHS) / epochs
+    lin = linear_probe(train_f, ytr, val_f, yva, epochs=epochs, lr=probe_lr(E), batch_size=E["probe_batch"],
                        seed=seed, num_classes=n_cls, return_correct=True, optimizer=E.get("probe_optimizer", "sgd"),
-                       warmup_epochs=E.get("probe_warmup_epochs", 0))
+                       warmup_epochs=warm)
     out = {f"knn{k}_top1": v["top1"] for k, v in knn.items()}
     out.update({f"knn{k}_top5": v["top5"] for k, v in knn.items() if "top5" in v})
     out.update(lp_top1=lin["top1"], lp_top5=lin.get("top5"))
     out.update({f"knn{k}_correct": pack_correct(v["correct"]) for k, v in knn.items()},
                lp_correct=pack_correct(lin["correct"]))
     return out
+
+_DRY_FP32_SAID = []
+
+def train_config(train: Mapping, seed: int) -> TrainConfig:
+    """The `TrainConfig` of a run's `train` section. A dry run on the CPU times its steps in float32: bfloat16 autocast
+    is emulated on CPUs without native bf16 (measured ~8x slower per step on this project's CPU), which would make the
+    dry run's cost, not the recipe's, and is no proxy of a GPU's bf16 step either way."""
+    cfg = TrainConfig(**{**train, "betas": tuple(train["betas"]), "seed": seed})
+    dev = os.environ.get("ATTNREPRO_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.amp and dry_run_steps() and torch.device(dev).type == "cpu":
+        if not _DRY_FP32_SAID:
+            print("[dry run] on the CPU the recipes' bf16 (amp) steps are timed in float32 (bf16 is emulated here)")
+            _DRY_FP32_SAID.append(True)
+        cfg = dataclasses.replace(cfg, amp=False)
+    return cfg
 
 def _last_cls_maps(model: nn.Module, val_eval, fig_idx) -> list:
     x = torch.stack([val_eval[i][0] for i in fig_idx])
@@ -458,8 +484,8 @@ def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = Fal
     teacher = run_teacher(config["teacher"], img, recipe.get("teacher_arch"))
     torch.manual_seed(config["seed"])
     student = create_student("vit", img_size=img, num_classes=0, **config["student"])
-    method = attndistill_method(student, teacher, compress_queue=recipe["compress_queue"], **config["method"])
-    cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": config["seed"]})
+    method = attndistill_method(student, teacher, **config["method"])   # compress_queue: in the config (variant_config)
+    cfg = train_config(config["train"], config["seed"])
     res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
     t0 = time.time()
     proj = method.extra_modules["projector"]
@@ -501,8 +527,11 @@ def variants(recipe: Mapping) -> dict:
 def variant_config(recipe: Mapping, name: str, schedule: str = "short", seed: int = 0, fig_idx: Sequence[int] = ()) -> dict:
     "A `variants` run's config: the recipe `recipe[schedule]['train']` enters it, the schedule's name does not."
     shape, opts, all_layers = variants(recipe)[name]
+    method, queue = {**BASE_OPTS, **opts}, recipe["compress_queue"]   # the queue is read for every run, at every profile
+    if method["compress_weight"] and queue != COMPRESS_QUEUE:   # a CompRess run's bank size, in its config (hashed);
+        method["compress_queue"] = queue                       # the default is left out, so mini's runs keep their hashes
     return dict(kind="attndistill", teacher=recipe["teacher"], img_size=recipe["img_size"], data=recipe["data"],
-                student=recipe["students"][shape], method={**BASE_OPTS, **opts}, train=recipe[schedule]["train"],
+                student=recipe["students"][shape], method=method, train=recipe[schedule]["train"],
                 eval=recipe["eval"], seed=seed, all_layers=all_layers, fig_idx=list(fig_idx))
 
 # %% ../nbs/16_attndistill.ipynb #ea8066c6
@@ -719,7 +748,8 @@ from .pretrain import MAE, MAEMethod, encoder_config, sincos_pos_embed
 
 def config_row(kw: Mapping, img: int) -> dict:
     "Layers, dim, heads, patch, tokens and parameters (millions) of a `create_student` ViT at `img` px (Table 7)."
-    d = describe_model(create_student("vit", img_size=img, num_classes=0, **kw))
+    with torch.device("meta"):   # shapes only: nothing allocated or initialised (a ViT-B costs seconds otherwise)
+        d = describe_model(create_student("vit", img_size=img, num_classes=0, **kw))
     return dict(layers=d["depth"], dim=d["embed_dim"], heads=d["heads"], patch_size=d["patch"], num_tokens=d["tokens"],
                 params_m=round(d["params"] / 1e6, 2))
 
@@ -747,7 +777,7 @@ def mae_curve_run(config: Mapping, ckpt_dir, *, img_size: int, train_aug, train_
         q = quality(ftr, fva, ytr, yva)
         last_hits.clear(); last_hits.update({k: q[k] for k in ("lp_correct", "knn20_correct") if q.get(k)})
         return {"lp_top1": q["lp_top1"], "knn20_top1": q["knn20_top1"]}
-    cfg = TrainConfig(**{**config["train"], "betas": tuple(config["train"]["betas"]), "seed": 0})
+    cfg = train_config(config["train"], 0)
     res = fit(mae, train_aug, val_eval, cfg, MAEMethod(log_every=10), ckpt_dir=ckpt_dir, progress=progress,
               evaluate_fn=evaluate_fn)
     curve = [dict(epoch=r["epoch"] + 1, lp_top1=r["val_lp_top1"], knn20_top1=r["val_knn20_top1"], loss=r["loss"])

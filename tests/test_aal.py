@@ -762,3 +762,57 @@ def test_mini_regime_floors_do_not_change_config_hashes():
     c = regime_config(P, "cifar10_short_strong", CE_SPEC, P["cifar_student"], 1)
     assert "floor" not in json.dumps(c)
     assert (Path(__file__).parents[1] / "outputs" / "aal" / "runs" / f"{config_hash(c)}.json").is_file()
+
+
+# --- the paper profile as published (issue #47) ----------------------------------------------------------------
+
+def test_train_config_lets_train_win_over_the_augmentation_preset(monkeypatch):
+    "The regime's preset sets Mixup / CutMix / label smoothing; a key the run's `train` sets explicitly wins."
+    from attnrepro.aal import train_config
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
+    base = dict(epochs=2, batch_size=8, warmup_epochs=0.0)
+    assert train_config(dict(augment="strong", train=base)) | {} == dict(base, mixup=0.8, cutmix=1.0, label_smoothing=0.1)
+    kw = train_config(dict(augment="strong", train=dict(base, label_smoothing=0.0, mixup=0.2)))
+    assert (kw["label_smoothing"], kw["mixup"], kw["cutmix"]) == (0.0, 0.2, 1.0)
+    kw = train_config(dict(augment="weak", train=dict(base, label_smoothing=0.1)))
+    assert (kw["label_smoothing"], kw["mixup"]) == (0.1, 0.0)
+    TrainConfig(**kw)
+    # bf16 autocast stays as the recipe says, except in a dry run on a CPU (no bf16 units here)
+    assert train_config(dict(augment="weak", train=dict(base, amp=True)))["amp"] is True
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    assert train_config(dict(augment="weak", train=dict(base, amp=True)))["amp"] is torch.cuda.is_available()
+
+
+def test_paper_profile_students_match_the_papers_parameter_counts():
+    "DeiT-S distilled (22.44M, Table D's 22.4M / AAL 22.5M), ConViT-S (27.8M), both with DeiT's drop path 0.1."
+    import timm
+    from attnrepro.aal import convit_arch
+    P = load_profile("aal", "paper")
+    n = lambda m: sum(p.numel() for p in m.parameters())
+    st, cv = dict(P["student"]), convit_arch(P, P["student"])
+    assert st["arch"] == "deit" and st["drop_path_rate"] == 0.1 and dict(P["cifar_student"]) == st
+    assert cv["drop_path_rate"] == 0.1 and P["pit"]["drop_path_rate"] == 0.1
+    assert n(create_student(**st, num_classes=1000)) == n(timm.create_model("deit_small_distilled_patch16_224"))
+    assert n(create_student(**cv, num_classes=1000)) == n(timm.create_model("convit_small"))
+    # below the paper profile ConViT keeps the student's layout (no key: the configs hash as they did)
+    mini = load_profile("aal", "mini")
+    assert convit_arch(mini, mini["cifar_student"]) == dict(mini["cifar_student"], arch="convit")
+
+
+def test_ce_on_a_distilled_student_trains_its_class_head_only():
+    "CE on a 'deit' student (the paper profile's CE rows): CE on the class head, the distillation head untrained."
+    from attnrepro.aal import CE_SPEC, build_run
+    cfg = dict(arch=dict(arch="deit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2), method=CE_SPEC,
+               train=dict(epochs=1, seed=0))
+    student, method = build_run(cfg, list(range(10)), {})
+    assert method is not None and student.distilled_training
+    d0 = copy.deepcopy(student.head_dist.state_dict())
+    h0 = copy.deepcopy(student.head.state_dict())
+    res = fit(student, synthetic(8), synthetic(4, seed=1), TrainConfig(epochs=1, batch_size=4, warmup_epochs=0),
+              method=method, progress=False)
+    assert math.isfinite(res["history"][0]["loss_ce"])
+    assert all(torch.equal(v, student.head_dist.state_dict()[k]) for k, v in d0.items())
+    assert not torch.equal(h0["weight"], student.head.weight)
+    _, m_vit = build_run(dict(cfg, arch=dict(cfg["arch"], arch="vit")), list(range(10)), {})
+    assert m_vit is None   # a plain ViT: fit's default CE, as the committed runs trained
+

@@ -486,3 +486,43 @@ def test_fair_test_on_fake_runs():
 def _unpack(run, key="lp_correct"):
     from attnrepro.verdicts import unpack_correct
     return unpack_correct(run["eval"]["0"][key])
+
+
+# --- the paper profile as published (issue #47) ----------------------------------------------------------------
+
+def test_compress_queue_reaches_the_compress_runs_configs():
+    "The profile's CompRess bank size enters a CompRess run's config (hashed); mini's, the default, is left out."
+    from attnrepro.attndistill import COMPRESS_QUEUE, variant_config
+    from attnrepro.report import load_profile
+    for profile in ("smoke", "mini", "paper"):
+        P = load_profile("attndistill", profile)
+        q = P["compress_queue"]
+        for name in ("compress_pa", "compress_only", "base_pa", "base_ad"):
+            m = variant_config(P, name)["method"]
+            if m["compress_weight"] and q != COMPRESS_QUEUE: assert m["compress_queue"] == q
+            else: assert "compress_queue" not in m
+        assert "compress_queue" not in P.unread()
+    assert load_profile("attndistill", "mini")["compress_queue"] == COMPRESS_QUEUE   # the committed mini runs' hashes
+    assert variant_config(load_profile("attndistill", "paper"), "compress_pa")["method"]["compress_queue"] == 128000
+
+
+def test_dry_run_times_float32_on_the_cpu_and_probes_briefly(monkeypatch):
+    "A CPU dry run: bf16 steps are timed in float32, the probe trains a couple of epochs (warm-up scaled alike)."
+    from attnrepro import attndistill
+    from attnrepro.attndistill import DRY_PROBE_EPOCHS, quality, train_config
+    tr = dict(epochs=3, batch_size=4, lr=1e-3, warmup_epochs=0, betas=[0.9, 0.95], amp=True)
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
+    cfg = train_config(tr, 3)
+    assert cfg.amp and cfg.seed == 3 and cfg.betas == (0.9, 0.95)
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    monkeypatch.setenv("ATTNREPRO_DEVICE", "cpu")
+    assert not train_config(tr, 3).amp and train_config(tr, 3).epochs == 3
+    seen = {}
+    def probe(*a, **kw):
+        seen.update(kw)
+        return dict(top1=0.0, top5=0.0, correct=np.zeros(len(a[2]), bool))
+    monkeypatch.setattr(attndistill, "linear_probe", probe)
+    E = dict(ks=[10, 20, 100, 200], probe_epochs=90, probe_lr=0.1, probe_batch=16384, probe_warmup_epochs=10)
+    q = quality(torch.randn(20, 8), torch.randn(8, 8), torch.arange(20) % 5, torch.arange(8) % 5, E, 5)
+    assert {"knn10_top1", "knn20_top1", "lp_top1"} <= set(q) and "knn100_top1" not in q
+    assert seen["epochs"] == DRY_PROBE_EPOCHS and seen["warmup_epochs"] == pytest.approx(10 * DRY_PROBE_EPOCHS / 90)

@@ -484,6 +484,42 @@ def test_paper_profile_trains_pet_at_15_percent():
     assert batch_and_epochs(555, P["train"])[0] == 554 and P["train"]["amp"] is True
 
 
+def test_every_train_key_takes_effect_in_a_fine_tuning_run():
+    "Issue #47: `finetune_run` used to copy a fixed list of train keys, dropping betas, label smoothing and clipping."
+    from attnrepro.gta import FINETUNE_DEFAULTS, finetune_train_config
+    from attnrepro.report import load_profile
+    t = dict(steps=10, batch_size=8, lr=1e-4, weight_decay=0.05, drop_path=0.1, randaugment=None, small_subset="whole",
+             betas=[0.9, 0.95], label_smoothing=0.1, grad_clip=1.0, amp=True, warmup_epochs=1, min_lr=1e-6)
+    cfg = finetune_train_config(t, batch=6, epochs=4, seed=3)
+    assert (cfg.betas, cfg.label_smoothing, cfg.grad_clip, cfg.amp, cfg.warmup_epochs, cfg.min_lr) == ((0.9, 0.95), 0.1, 1.0,
+                                                                                                      True, 1, 1e-6)
+    assert (cfg.batch_size, cfg.epochs, cfg.seed, cfg.eval_every, cfg.lr, cfg.weight_decay) == (6, 4, 3, 4, 1e-4, 0.05)
+    assert finetune_train_config(t, 6, 4, 3, {"weight_decay": 0.0}).weight_decay == 0.0   # L2-SP's own override
+    # where the recipe is silent: finetune_run's long-standing defaults (the committed mini runs trained so)
+    bare = {k: t[k] for k in ("steps", "batch_size", "lr", "weight_decay", "drop_path", "randaugment")}
+    cfg = finetune_train_config(bare, 8, 5, 0)
+    assert {k: getattr(cfg, k) for k in FINETUNE_DEFAULTS} == FINETUNE_DEFAULTS and cfg.label_smoothing == 0.0
+    for bad, match in ((dict(epochs=3), "'epochs' cannot be set here"), (dict(ema_decay=0.999), "'ema_decay'"),
+                       (dict(betass=[0.9, 0.9]), "'betass' is no setting")):
+        with pytest.raises(ValueError, match=match):
+            finetune_train_config({**bare, **bad}, 8, 5, 0)
+    with pytest.raises(ValueError, match="missing"):
+        finetune_train_config({k: v for k, v in bare.items() if k != "lr"}, 8, 5, 0)
+    P = load_profile("gta", "paper")   # the published recipe: AdamW (0.9, 0.999), no smoothing, no clipping, bf16
+    cfg = finetune_train_config(P["train"], 768, 4, 0)
+    assert (cfg.betas, cfg.label_smoothing, cfg.grad_clip, cfg.amp, cfg.optimizer) == ((0.9, 0.999), 0.0, None, True, "adamw")
+
+
+def test_a_dry_run_analyses_a_handful_of_images(monkeypatch):
+    "A dry run times training: its analyses (CLS entropy, mask Jaccard, held-out top-1) take `DRY_RUN_IMAGES` images."
+    from attnrepro.gta import DRY_RUN_IMAGES, dry_run_head
+    data = TensorDataset(torch.zeros(50, 1))
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
+    assert dry_run_head(data) is data
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    assert len(dry_run_head(data)) == DRY_RUN_IMAGES < 50 and len(dry_run_head(data, 100)) == 50
+
+
 # --- the paper notebook's runs and tables (issue #17: table assembly in the library) ----------------------------------
 
 class _FakePaperRun:
@@ -513,6 +549,24 @@ def test_gta_runs_record_the_notebooks_configs_and_select_on_the_heldout_part():
     assert len(G.df) == 3 and G.df.source.tolist() == ["ssl"] * 3
     assert G.best_lambda("out", 0.15) == 1.0 and "held-out 20%" in G.select_on   # the test set would pick 10
     assert G.select("gta", "out", 0.15, coef=10.0).acc1.tolist() == [53.5]
+
+
+def test_tables_3_5_6_run_every_seed_at_the_paper_profile():
+    "Issue #47: the paper repeats each experiment three times (Sec. 4); smoke and mini keep their committed grids."
+    from attnrepro.gta import GtaRuns
+    from attnrepro.report import load_profile
+    seeds = {}
+    for profile in ("smoke", "mini", "paper"):
+        P, pr = load_profile("gta", profile), _FakePaperRun()
+        pr.profile = profile
+        G = GtaRuns(P, pr)
+        seeds[profile] = {(t, r): G.table_seeds(t, r) for t, rates in ((3, "table3_rates"), (5, "table5_rates"),
+                                                                        (6, "table6_rates")) for r in P[rates]}
+    assert all(v == [0, 1, 2] for v in seeds["paper"].values()) and len(seeds["paper"]) == 10
+    assert all(v == [0] for v in seeds["smoke"].values())
+    assert seeds["mini"] == {(3, 0.15): [0], (5, 0.15): [0], (5, 1.0): [0], (6, 0.15): [0, 1, 2], (6, 1.0): [0]}
+    P = load_profile("gta", "paper")   # Fig. 1's columns: 15 % and 100 % (its caption)
+    assert (min(P["table4_rates"]), max(P["table4_rates"])) == (0.15, 1.0)
 
 
 def test_gta_table_2b_sets_our_gaps_beside_the_papers():
