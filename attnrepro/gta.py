@@ -732,9 +732,15 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
                            grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
     batch, epochs = batch_and_epochs(len(train), t)   # the paper fixes iterations, not epochs
     cfg = finetune_train_config(t, batch, epochs, config["seed"], meth.train_overrides)   # every train key takes effect
+    if cfg.amp and dry_run_steps() and not torch.cuda.is_available():
+        # a dry run on a CPU without bfloat16 units (this one: AVX2 only) emulates bf16 autocast: a ViT-S step took ~15x
+        # its float32 time here, so the CPU times float32 (the probe records amp off; CPU hours do not project GPU ones)
+        cfg = dataclasses.replace(cfg, amp=False)
     # per-image test hits kept (pack_correct): two arms scored on one test set compare paired (verdicts.paired_difference)
     res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=ckpt_dir, progress=False, record_correct=True)
-    out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=len(test), epochs=epochs, steps=res["steps"],
+    # n_test: the images scored (a dry run scores two batches: its hits cover those, not the test set)
+    n_test = res["final"]["n"] if dry_run_steps() else len(test)
+    out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=n_test, epochs=epochs, steps=res["steps"],
                batch_size=batch,
                train_time_s=round(res["wall_time_s"], 2), correct=res["final"]["correct"],
                losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")},
@@ -742,8 +748,8 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
                grad_norms=[{k: (v if k == "step" else float(f"{v:.4g}")) for k, v in r.items()}
                            for r in meth.state.get("grad_norms", [])])
     if held is not None:
-        out.update(heldout_acc1=evaluate(tgt, torch.utils.data.DataLoader(dry_run_head(held), batch_size=t["batch_size"]))["acc1"],
-                   n_heldout=len(held))
+        held_loader = torch.utils.data.DataLoader(dry_run_head(held), batch_size=t["batch_size"])
+        out.update(heldout_acc1=evaluate(tgt, held_loader)["acc1"], n_heldout=len(held))
     out.update(attention_outputs(tgt, test, config))
     return out
 
