@@ -87,8 +87,10 @@ def _devices(results) -> list[str]:
     return sorted({str(r.get("device")) for r in results})
 
 def step_s(r: Mapping) -> float:
-    "Seconds per training step of a run, from its own training throughput (evaluation excluded)."
-    return r["n_train"] * r["epochs"] / r["images_per_s"] / r["steps"] if r.get("images_per_s") else float("nan")
+    """Seconds per training step of a run, from its own training throughput (evaluation excluded); nan for a run that
+    took no step (a `--dry-run-quick` run built but not stepped: the dry run's cost table has its projection)."""
+    ok = r.get("images_per_s") and r.get("steps")
+    return r["n_train"] * r["epochs"] / r["images_per_s"] / r["steps"] if ok else float("nan")
 
 def _ci(est, signed: bool = True) -> str:
     return f"[{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if signed else f"[{est.ci_low:.2f}, {est.ci_high:.2f}]"

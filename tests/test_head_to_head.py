@@ -161,3 +161,10 @@ def test_source_cls_gate_uses_a_handful_of_images_in_a_dry_run(monkeypatch):
     assert h2h.source_cls_gate(m, val)[0]["n_images"] == h2h.DRY_IMAGES
     monkeypatch.delenv("ATTNREPRO_DRY_RUN")
     assert h2h.source_cls_gate(m, val)[0]["n_images"] == 64
+
+
+def test_step_time_of_a_run_that_took_no_step_is_nan():
+    "A --dry-run-quick run is built but not stepped (steps 0): no step time, not a ZeroDivisionError in table_main."
+    import math
+    assert math.isnan(h2h.step_s(dict(n_train=100, epochs=1, images_per_s=50.0, steps=0)))
+    assert h2h.step_s(dict(n_train=100, epochs=1, images_per_s=50.0, steps=4)) == 0.5
