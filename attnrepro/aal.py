@@ -781,8 +781,8 @@ def claim_localises_better(aal: Mapping[str, Arm], deit: Mapping[str, Arm]) -> V
 
 # %% ../nbs/12_aal.ipynb #1fde61a1
 from .core import seed_everything
-from .data import (AUGMENT_PRESETS, FileImageDataset, class_balanced_subset, eval_frame_boxes, eval_transform,
-                            get_dataset, train_transform)
+from .data import (AUGMENT_PRESETS, FileImageDataset, LabelledSubset, class_balanced_subset, eval_frame_boxes,
+                            eval_transform, get_dataset, train_transform)
 from .evaluate import MAXBOXACC_GT_ENDS, max_box_acc, upsample_maps
 from .models import create_student, load_teacher
 from .scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
@@ -809,14 +809,24 @@ def label_teacher(name: str, classes) -> nn.Module:
     "The teacher as a classifier over the student's classes (ImageNet teachers restricted to them, `ClassSubset`)."
     return restrict_to_classes(frozen_teacher(name), classes)
 
+_SUBSETS = ProcessCache()   # (dataset, fraction, per_class, seed) -> the subset's indices, drawn once per process
+
+def _train_subset(tr, spec: Mapping, **how):
+    """`class_balanced_subset(tr, **how)`, its indices drawn once per process and data spec (the same indices: the draw
+    depends only on the labels and the seed; on ImageNet's 1.28M labels one draw takes seconds, and the paper grid draws
+    each fraction for several runs)."""
+    key = (spec["name"], how.get("fraction"), how.get("per_class"), how["seed"])
+    if key not in _SUBSETS: _SUBSETS[key] = class_balanced_subset(tr, **how).indices
+    return LabelledSubset(tr, _SUBSETS[key])
+
 def run_datasets(spec: Mapping, img_size: int, augment: str):
     "(train subset, val set, classes) of a data spec {name, val_split, fraction | per_class, subset_seed, val_per_class}."
     tr = get_dataset(spec["name"], "train", transform=train_transform(augment, img_size))
     va = get_dataset(spec["name"], spec["val_split"], transform=eval_transform(img_size))
     if spec.get("fraction") is not None and spec["fraction"] < 1:
-        tr = class_balanced_subset(tr, fraction=spec["fraction"], seed=spec.get("subset_seed", 0))
+        tr = _train_subset(tr, spec, fraction=spec["fraction"], seed=spec.get("subset_seed", 0))
     elif spec.get("per_class"):
-        tr = class_balanced_subset(tr, per_class=spec["per_class"], seed=spec.get("subset_seed", 0))
+        tr = _train_subset(tr, spec, per_class=spec["per_class"], seed=spec.get("subset_seed", 0))
     if spec.get("val_per_class"):
         va = class_balanced_subset(va, per_class=spec["val_per_class"], seed=0)
     return tr, va, list(tr.classes)

@@ -737,7 +737,9 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
         # its float32 time here, so the CPU times float32 (the probe records amp off; CPU hours do not project GPU ones)
         cfg = dataclasses.replace(cfg, amp=False)
     # per-image test hits kept (pack_correct): two arms scored on one test set compare paired (verdicts.paired_difference)
-    res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=ckpt_dir, progress=False, record_correct=True)
+    # a dry run writes no checkpoint (its weights would cost a ViT-S write per run; nothing here reloads them)
+    res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=None if dry_run_steps() else ckpt_dir, progress=False,
+              record_correct=True)
     # n_test: the images scored (a dry run scores two batches: its hits cover those, not the test set)
     n_test = res["final"]["n"] if dry_run_steps() else len(test)
     out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=n_test, epochs=epochs, steps=res["steps"],
