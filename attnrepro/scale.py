@@ -336,14 +336,6 @@ from .dryrun import PROBES, _CURRENT, _log_dry, dry_run_cpu_batch, dry_run_steps
 _STAND_IN: dict[str, Any] = {}  # fn name -> its last successful result in this dry run
 _TWINS: dict[str, dict] = {}    # (fn name, config without seeds) -> the run timed for it: its name, probes and result
 
-def _log_dry(row: dict) -> dict:
-    row = dict(row, run=row.get("run") or (_CURRENT[-1]["run"] if _CURRENT else None),
-               hash=row.get("hash") or (_CURRENT[-1]["hash"] if _CURRENT else None))
-    PROBES.append(row)
-    if where := os.environ.get("ATTNREPRO_DRY_RUN_LOG"):
-        with open(where, "a") as f: f.write(json.dumps(row, default=str) + "\n")
-    return row
-
 def _without_seeds(x):
     "`x` with every key named `seed` dropped, at any depth: runs that differ only in seeds cost the same."
     if isinstance(x, Mapping): return {k: _without_seeds(v) for k, v in x.items() if k != "seed"}
