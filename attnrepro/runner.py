@@ -332,6 +332,8 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                    + (f"The batch was cut on the CPU (recipe -> timed: {', '.join(f'{a} -> {b}' for a, b in shrunk)}) and the "
                       "step time scaled linearly to the recipe's batch: an estimate, low for memory-bound steps. " if shrunk else "")
                    + (f"{failed} run(s) failed (their hours are not in the total). " if failed else "")
+                   + ("Precision: the CPU timed float32 where the recipe sets bf16 autocast (emulated on most CPUs, many "
+                      "times slower than float32). " if any(r.get("amp") and not r.get("amp_timed", True) for r in probes) else "")
                    + "Hours are on the device named here; analyses after training are not projected."
                    + (" Quick (--dry-run-quick): each step shape timed once; a run marked 'same step shape' was built "
                       "but not stepped, and shows the first such run's step time with its own projection." if quick else "")

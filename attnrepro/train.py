@@ -1159,6 +1159,8 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
         if (dry and device.type == "cpu" and cfg.batch_size > dry_run_cpu_batch()
                 and not isinstance(train_data, DataLoader)):
             cfg = dataclasses.replace(cfg, batch_size=dry_run_cpu_batch())
+        if dry and device.type == "cpu" and cfg.amp:   # bf16 autocast is emulated on most CPUs (14x slower here): time fp32
+            cfg = dataclasses.replace(cfg, amp=False)
         seed_everything(cfg.seed + rank)
         model.to(device)
         for m in [*method.extra_modules.values(), *method.frozen_modules.values()]: m.to(device)
@@ -1393,7 +1395,8 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     """`fit` in a dry run (`attnrepro.scale`): one warm-up and `steps` timed optimiser steps on batches held in memory
     (the step alone; the loader's cold time for one step's batches is `load_s`), two validation batches,
     a probe with the projection of `recipe` (the run's own TrainConfig; `run.cfg` may hold a CPU-sized batch), and a
-    result shaped like `fit`'s (its numbers meaningless). The checkpoint it leaves is marked `dry_run`: only weights."""
+    result shaped like `fit`'s (its numbers meaningless). The checkpoint it leaves is marked `dry_run`: only weights (none under
+    `--dry-run-quick`). A CPU times float32 where the recipe sets bf16 autocast (`amp_timed` in the probe)."""
     cfg, dev = run.cfg, run.device
     key = _step_shape(run, cfg, train_data, val_loader is not None, record_correct, n_params) if dry_run_quick() else None
     reused = key in _TIMED_SHAPES
@@ -1441,7 +1444,7 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     val_batches = -(-n_val // (recipe.batch_size * world)) if n_val else 0
     n_evals = (recipe.epochs // recipe.eval_every + (recipe.epochs % recipe.eval_every != 0)) if vl is not None else 0
     passes = 2 if recipe.ema_decay is not None else 1   # the EMA model is evaluated too
-    probe = dict(method=run.method.name, device=str(dev), amp=recipe.amp, world_size=world,
+    probe = dict(method=run.method.name, device=str(dev), amp=recipe.amp, amp_timed=cfg.amp, world_size=world,
                  device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or platform.machine()),
                  batch_recipe=recipe.batch_size, batch_timed=cfg.batch_size, accum_steps=recipe.accum_steps,
                  steps_timed=len(times), step_s_timed=timed, load_s=load_s, step_s=timed * scale, peak_mem_mb=peak, mem_kind=mem_kind,
@@ -1453,9 +1456,12 @@ def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_l
     record_probe(probe)
     res["dry_run"] = probe
     if ckpt is not None and _rank() == 0:   # weights for analyses that load the run's model; never resumed
+        # --dry-run-quick writes none (a ViT-L's 1.2 GB per run): an analysis takes the model as built
+        weights = not dry_run_quick()
         atomic_torch_save(dict(format=1, cfg_hash=config_hash(recipe), method=run.method.name, epoch=recipe.epochs,
-                               step=run.step, model=run.model.state_dict(),
-                               extra={k: m.state_dict() for k, m in run.method.extra_modules.items()}, optimizer={},
+                               step=run.step, model=run.model.state_dict() if weights else {},
+                               extra={k: m.state_dict() for k, m in run.method.extra_modules.items()} if weights else {},
+                               optimizer={},
                                ema=None, method_state=run.method.state_dict(), rng=[], history=history, best=best,
                                wall_time_s=0.0, it=0, sums=None, loader_epoch_start=None, dry_run=True), ckpt)
     return res

@@ -678,7 +678,8 @@ class TransferRuns:
         ckpt = load_checkpoint(ck)
         # the weights its row reports: the EMA model where the recipe trains one (a dry run's checkpoint has none)
         ema = reports_ema(cfg["schedule"]) and ckpt.get("ema")
-        model.load_state_dict(ema_weights(ckpt["ema"]) if ema else ckpt["model"])
+        if ckpt["model"] or ema:   # a --dry-run-quick checkpoint holds no weights: the model as built stands in
+            model.load_state_dict(ema_weights(ckpt["ema"]) if ema else ckpt["model"])
         return model.eval()
 
 # %% ../nbs/14_transfer.ipynb #da606b8d

@@ -272,6 +272,29 @@ def test_dry_fit_times_the_step_on_held_batches(env, monkeypatch):
     assert p["steps_timed"] == 3 and p["load_s"] > 0 and p["step_s_timed"] > 0
 
 
+def test_cpu_dry_fit_times_float32_and_quick_checkpoints_hold_no_weights(env, monkeypatch):
+    """A CPU times float32 where the recipe sets bf16 autocast (emulated there, many times slower); the probe keeps the
+    recipe's precision beside the timed one. Under --dry-run-quick the dry checkpoint carries no weights."""
+    import torch
+    import attnrepro.train as train
+    from attnrepro.train import CKPT_NAME, TrainConfig, fit, load_checkpoint
+    seen = []
+    real = train.train_one_epoch
+    monkeypatch.setattr(train, "train_one_epoch", lambda run, *a, **kw: seen.append(run.cfg.amp) or real(run, *a, **kw))
+    tr = torch.utils.data.TensorDataset(torch.randn(64, 3, 8, 8), torch.randint(0, 10, (64,)))
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 64, 10))
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    p = fit(model, tr, None, TrainConfig(epochs=1, batch_size=8, warmup_epochs=0, amp=True), ckpt_dir=env,
+            progress=False)["dry_run"]
+    assert seen == [False] and p["amp"] is True and p["amp_timed"] is False
+    assert load_checkpoint(env / CKPT_NAME)["model"]   # a plain dry run keeps the weights for analyses
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN_QUICK", "1")
+    monkeypatch.setattr(train, "_TIMED_SHAPES", {})
+    fit(model, tr, None, TrainConfig(epochs=1, batch_size=8, warmup_epochs=0, seed=1), ckpt_dir=env, progress=False)
+    ck = load_checkpoint(env / CKPT_NAME)
+    assert ck["dry_run"] and ck["model"] == {} and ck["extra"] == {}
+
+
 def test_dry_fit_reuses_synthetic_batches_across_runs(env, monkeypatch):
     "Runs on the same synthetic stand-in, sample shapes and batch reuse the first run's held batches and its load_s."
     import collections
