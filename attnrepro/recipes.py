@@ -297,7 +297,8 @@ class Recipe(dict):
     """A recipe (or one of its sections) that records which of its keys the code reads: `r[k]`, `get`, `in`, `pop`,
     `setdefault` read one key; `items`, `values`, iteration, `dict(r)`, `**r`, pickling and JSON dumps read them all
     (the section is passed on whole). Sections (also dicts inside lists) are `Recipe`s with the same record.
-    `unread()` lists the loaded keys nothing read: a key that takes no effect."""
+    `unread()` lists the loaded keys nothing read: a key that takes no effect. Replacing a loaded value by another
+    (`r[k] = v`, `update`) raises `RecipeError`: code that overrides the profile hides what actually ran."""
     def __init__(self, data=(), where: str = "recipe", _reads: _Reads | None = None, _path: str = ""):
         super().__init__()
         self._reads, self._path = _reads or _Reads(where), _path
@@ -331,6 +332,16 @@ class Recipe(dict):
     def setdefault(self, k, default=None):
         self._mark(k)
         return dict.setdefault(self, k, default)
+
+    def __setitem__(self, k, v):   # a loaded value that code replaces by another takes no effect as written
+        p = f"{self._path}.{k}" if self._path else str(k)
+        if p in self._reads.all and dict.__contains__(self, k) and dict.__getitem__(self, k) != v:
+            raise RecipeError(f"{self._reads.where}: code overrides recipe key {p} ({dict.__getitem__(self, k)!r} -> "
+                              f"{v!r}) after the profile loaded it; set it in the profile, or build a new dict from it")
+        dict.__setitem__(self, k, v)
+
+    def update(self, *args, **kw):
+        for k, v in dict(*args, **kw).items(): self[k] = v
 
     def __iter__(self):   # defined so that dict(r) and **r go through keys() and __getitem__ (CPython's fast path would not)
         self._mark_all()

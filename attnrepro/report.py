@@ -24,9 +24,9 @@ __all__ = ['PROFILES', 'README_START', 'README_END', 'CPU_DEVICE_NAMES', 'RESULT
            'DETAILS_START', 'DETAILS_END', 'COST_START', 'COST_END', 'BENCH_FILES', 'READING_START', 'READING_END',
            'RECORD_FIELDS', 'ARRAY_REF', 'papers_dir', 'paper_meta', 'check_profile', 'load_profile', 'load_reported',
            'side_by_side', 'claims_markdown', 'table_markdown', 'run_hours', 'result_folders', 'shown_verdict',
-           'headline', 'results_table', 'results_details', 'pilots_table', 'cost_section', 'reading_section',
-           'generated_blocks', 'update_readme', 'show_figure', 'run_ckpt_dir', 'split_arrays', 'join_arrays',
-           'shown_path', 'train_record', 'PaperRun']
+           'headline', 'headline_regime', 'results_table', 'results_details', 'pilots_table', 'cost_section',
+           'reading_section', 'generated_blocks', 'update_readme', 'show_figure', 'run_ckpt_dir', 'split_arrays',
+           'join_arrays', 'shown_path', 'train_record', 'PaperRun']
 
 # %% ../nbs/07_report.ipynb #a41129b1
 PROFILES = ("smoke", "mini", "gpu", "paper")
@@ -223,9 +223,21 @@ def headline(claims: pd.DataFrame, profile: str, claim_id: str | None = None) ->
     claimed = f" (claimed {claimed})" if effect and isinstance(claimed, str) and claimed else ""
     return f"{c['claim']} → **{shown_verdict(c['verdict'], profile)}**{effect}{claimed}"
 
+def headline_regime(claims: pd.DataFrame, claim_id: str | None = None, limit: int = 90) -> str:
+    """The regime the headline claim's verdict is about, for the README row: its `regime` up to the first ';' (cut
+    to `limit` characters with '...'; the whole regime is in claims.md and docs/results.md), '' where none is given."""
+    if "regime" not in claims: return ""
+    rows = claims[claims["id"].astype(str) == str(claim_id)] if claim_id is not None else claims
+    r = (rows if len(rows) else claims)["regime"].iloc[0]
+    if not isinstance(r, str) or not r.strip(): return ""
+    first = r.split(";")[0].strip()
+    short = first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0].rstrip(",:") + " ..."
+    return short + (" ..." if short == first and first != r.strip() else "")
+
 def results_table(root=None) -> str:
     """The README's findings at a glance: one row per paper and profile (`result_folders`), its runs, its verdict
-    counts and its headline result (`headline`), from the committed `claims.csv`."""
+    counts, its headline result (`headline`) and the regime that verdict is about (`headline_regime`), from the
+    committed `claims.csv`."""
     root = Path(root or project_root())
     rows = []
     for short, profile, d in result_folders(root):
@@ -237,7 +249,8 @@ def results_table(root=None) -> str:
         profile = man.get("profile") or profile   # the profile that produced them, as the manifest records it
         rows.append({"paper": f"[{short}]({d.relative_to(root).as_posix()}/claims.md)", "profile": profile,
                      "runs": len(man.get("runs", [])), **{v: int(counts.get(v, 0)) for v in VERDICTS},
-                     "headline claim → our verdict, effect [95 % CI]": headline(cl, profile, claim_id)})
+                     "headline claim → our verdict, effect [95 % CI]": headline(cl, profile, claim_id),
+                     "regime of that verdict": headline_regime(cl, claim_id)})
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
 
 def results_details(root=None) -> str:

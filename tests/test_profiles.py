@@ -310,6 +310,23 @@ def test_a_stray_recipe_key_fails_the_notebooks_finish(tmp_path):
     assert (tmp_path / "out" / "runs_used.json").exists()
 
 
+def test_code_that_overrides_a_loaded_recipe_key_fails(tmp_path):
+    "A value the profile set, replaced by code after loading (`[]=` or `update`), raises naming the key path."
+    P = _gta_mini()
+    (tmp_path / "papers" / "gta").mkdir(parents=True)
+    (tmp_path / "papers" / "gta" / "profiles.yaml").write_text(yaml.safe_dump({"mini": P}))
+    got = load_profile("gta", "mini", root=tmp_path)
+    lr = got["train"]["lr"]
+    with pytest.raises(RecipeError, match=r"overrides recipe key train\.lr"):
+        got["train"]["lr"] = lr * 10
+    with pytest.raises(RecipeError, match=r"train\.lr"):
+        got["train"].update(lr=lr / 2)
+    assert got["train"]["lr"] == lr
+    got["train"]["lr"] = lr                # the same value: nothing overridden
+    got["train"]["derived_note"] = "x"     # a key the profile did not set: code may add it
+    assert got["train"]["derived_note"] == "x"
+
+
 @pytest.mark.parametrize("paper", PAPERS)
 def test_every_paper_notebook_checks_its_recipe_at_the_end(paper):
     "Each paper notebook hands its recipe to `pr.finish`, which fails on a key nothing read."

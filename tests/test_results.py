@@ -71,6 +71,20 @@ def test_readme_results_table_is_generated_from_the_claims():
     assert not update_readme(check=True), "README.md's results table is stale: run `.venv/bin/attnrepro readme`"
 
 
+def test_readme_row_names_the_regime_of_its_headline_verdict():
+    "The README row carries the headline claim's regime (issue #45): its first clause, cut with '...' when longer."
+    import pandas as pd
+    from attnrepro.report import headline_regime
+    cl = pd.DataFrame({"id": ["1", "2"], "regime": ["10 epochs on 5,000 images, 64 px; teacher MAE 16 epochs", "other"]})
+    assert headline_regime(cl, "1") == "10 epochs on 5,000 images, 64 px ..."
+    assert headline_regime(cl, "2") == "other" and headline_regime(cl, "9") == headline_regime(cl, "1")
+    long = pd.DataFrame({"id": ["1"], "regime": ["word " * 40]})
+    got = headline_regime(long, "1", limit=30)
+    assert got.endswith(" ...") and len(got) <= 34
+    assert headline_regime(pd.DataFrame({"id": ["1"], "regime": [float("nan")]}), "1") == ""
+    assert headline_regime(pd.DataFrame({"id": ["1"]}), "1") == ""
+
+
 def test_run_hours_sums_the_manifest_runs_and_counts_gpu_ones():
     from attnrepro.report import run_hours
     runs = [dict(wall_time_s=5400, device="x86_64"), dict(wall_time_s=1800, device="NVIDIA H100 80GB HBM3"),
