@@ -10,15 +10,19 @@ from attnrepro.runner import dry_run_paper
 
 PAPERS = ["aal", "attention_transfer", "attndistill", "bootstrapping_vit", "gta"]
 BUDGET_S = 300   # the issue's bound on a 2-core CPU; recorded, asserted loosely (CI machines are loaded)
-# Not in CI yet: attention_transfer's paper grid (about 45 runs at ViT-L/B/H size, a ViT-L float32 step 86-93 s at 2
-# images on this CPU, a 1.2 GB checkpoint per run) takes well over 30 minutes; run with ATTNREPRO_PAPER_DRYRUN=1
-pytestmark = pytest.mark.skipif(os.environ.get("ATTNREPRO_PAPER_DRYRUN") != "1",
-                                reason="paper-profile dry runs take minutes to hours on a CPU: ATTNREPRO_PAPER_DRYRUN=1")
+# Measured here with --dry-run-quick, a 2-image CPU batch, one timed step (2026-11-28, a second job on the cores):
+# aal 109 s, attndistill 75 s, gta 307 s (1,040 runs built), bootstrapping_vit 334 s, attention_transfer far longer
+# (about 45 runs at ViT-L/B/H size: a ViT-L float32 step of 8-33 s at 2 images, plus building teacher and student).
+# CI runs the two that take under 2 minutes; ATTNREPRO_PAPER_DRYRUN=1 runs all five (CI stays near 30 minutes).
+IN_CI = {"aal", "attndistill"}
+ALL = os.environ.get("ATTNREPRO_PAPER_DRYRUN") == "1"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("paper", PAPERS)
 def test_paper_profile_dry_run_reaches_the_end(paper, tmp_path):
+    if paper not in IN_CI and not ALL:
+        pytest.skip(f"{paper}'s paper dry run takes 5 minutes or more on a 2-core CPU: ATTNREPRO_PAPER_DRYRUN=1 runs it")
     t0 = time.time()
     # quick: each step shape stepped once (the rest built only); a 2-image batch: a CPU's hours are not the point here
     res = dry_run_paper(paper, "paper", steps=1, cpu_batch=2, quick=True, out_dir=tmp_path)
