@@ -43,8 +43,9 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped', 'table_5',
            'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
            'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
-           'table_lambda_decay', 'SweepArms', 'regime_floor', 'check_low_data', 'check_gap', 'check_selective',
-           'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda', 'check_decay']
+           'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data', 'check_gap',
+           'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda',
+           'check_decay']
 
 # %% ../nbs/12_aal.ipynb #979e4daf
 def vit_map_layout(model: nn.Module) -> dict:
@@ -1877,6 +1878,19 @@ class SweepArms:
     def one_seed_rows(self) -> list[str]:
         return [f"{k} {f} %" for k, d in self.runs_by.items() for f, rs in d.items() if len(rs) == 1]
 
+    def with_hits(self, method: str, f: int):
+        "Row (`method`, fraction `f`) as an arm carrying its per-image hits where every run kept them (`hit_arm`)."
+        return hit_arm(self.runs_by[method][f], f"{method} {f} %")
+
+def inert_checks(pairs: Sequence[tuple[Arm, Arm]], fix: str = INERT_FIX) -> tuple[list[Verdict], str]:
+    """Preconditions that each compared pair of arms differs (`arms_differ`: an inert pair, one whose arms agree per
+    test image about as often as one arm with itself across seeds, makes the claim untestable (inert), naming `fix`),
+    and evidence text: each pair's per-image agreement beside the seed-to-seed agreement, where both arms kept hits
+    (a pair without them is checked for identical scores only, as `arms_differ` says)."""
+    pre = [arms_differ(a, b, fix=fix) for a, b in pairs]
+    ags = [str(arm_agreement(a, b)) for a, b in pairs if a.hits is not None and b.hits is not None]
+    return pre, ("per-image agreement of the compared arms: " + "; ".join(ags) if ags else "")
+
 CLAIM1_WORDS = {"DeiT": "DeiT distillation", "ConViT": "ConViT", "CE": "plain CE"}
 T5_CE = "Cross Entropy (CE)"
 
@@ -1903,7 +1917,8 @@ def _sweep_floors(recipe: Mapping | None, base: Mapping[str, Mapping[int, list]]
 def check_low_data(arms: SweepArms, base: Mapping[str, Mapping[int, list]],
                    recipe: Mapping | None = None) -> tuple[str, Verdict, str]:
     """Claim 1a's text, verdict and evidence: AAL's selective link beats every baseline at the fractions up to 30 %
-    (the largest excluded); with `recipe`, the floors of those fractions' regimes are its preconditions."""
+    (the largest excluded); with `recipe`, the floors of those fractions' regimes are its preconditions, and always
+    that AAL is not inert against each baseline (`inert_checks`, on the rows' per-image hits)."""
     A1, fr = arms.by_method, list(arms.runs_by["AAL"])
     low = [f for f in fr if f <= 30 and f != fr[-1]]
     gaps = lambda k: ", ".join(f"{f}%: {A1['AAL'][f].mean - A1[k][f].mean:+.2f}" for f in low)
@@ -1912,7 +1927,9 @@ def check_low_data(arms: SweepArms, base: Mapping[str, Mapping[int, list]],
                 f"{arms.borrowed(arms.one_seed_rows())}"
                 + ("" if "ConViT" in base else "; the paper's ConViT baseline is not in this profile's sweep, so that part "
                    "of the paper's claim is not tested"))
-    verdict = provided(_sweep_floors(recipe, base, low),
+    inert, agree = inert_checks([(arms.with_hits("AAL", f), arms.with_hits(k, f)) for k in base for f in low])
+    evidence += f"; {agree}" if agree else ""
+    verdict = provided(_sweep_floors(recipe, base, low) + inert,
                        claim_beats_baselines_at_low_data(A1["AAL"], {k: A1[k] for k in base}, low, arms.hits))
     return CLAIM_TEXTS["1a_low_data"].format(baselines=_baseline_words(base), low=", ".join(map(str, low))), verdict, evidence
 
@@ -1964,8 +1981,9 @@ def _links_detail(recipe: Mapping, full: Mapping[int, list], links: SelectiveLin
 def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], not_run: set,
                 aug: str) -> tuple[str, Verdict, str]:
     """Claim 3a (`aug` 'weak') or 3b ('strong'): text, verdict and evidence from Table 5's runs under that augmentation
-    (`cifar`: (method, augmentation) -> runs); the regime's floor (its plain CE top-1) is a precondition. Untestable
-    when rows need a CIFAR-10 teacher the profile does not give."""
+    (`cifar`: (method, augmentation) -> runs); the regime's floor (its plain CE top-1) is a precondition, and so is
+    that each compared pair is not inert (`inert_checks`). Untestable when rows need a CIFAR-10 teacher the profile
+    does not give."""
     CF, key = recipe["cifar"], {"weak": "3a_cifar_weak", "strong": "3b_cifar_strong"}[aug]
     if not_run:
         return CLAIM_TEXTS[key], untestable(f"rows not run: {', '.join(sorted(not_run))}; {NO_CIFAR_TEACHER}"), ""
@@ -1978,7 +1996,12 @@ def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], n
                 f"{describe_regime(recipe, CF[aug])}; " + arms.borrowed([v.name for v in rows if v.n == 1])
                 + (" (a spread measured under weak augmentation and a longer schedule: the closest one measured)"
                    if aug == "strong" and any(v.n == 1 for v in rows) else ""))
-    verdict = provided(regime_floor(recipe, CF[aug], cifar.get((T5_CE, aug), [])),
+    pairs = [(T5_AAL, o) for o in (T5_SOFT, T5_HARD)] + ([(T5_AAL_HARD, o) for o in names if o != T5_AAL_HARD]
+                                                         if aug == "weak" else [])
+    inert, agree = inert_checks([(hit_arm(cifar[a, aug], f"{a} ({aug})"), hit_arm(cifar[b, aug], f"{b} ({aug})"))
+                                 for a, b in pairs])
+    evidence += f"; {agree}" if agree else ""
+    verdict = provided(regime_floor(recipe, CF[aug], cifar.get((T5_CE, aug), [])) + inert,
                        claim_cifar_aal_beats_label_distillation(c3, hits3))
     return CLAIM_TEXTS[key], verdict, evidence
 
@@ -2009,7 +2032,8 @@ def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, li
                       target: float, full: Mapping[int, list],
                       base: Mapping[str, Mapping[int, list]]) -> tuple[str, Verdict, str]:
     """Claim 5's text, verdict and evidence: epochs to reach `target`, per seed, of Figure 3's AAL full-link and DeiT
-    runs; untestable without learning curves (e.g. a dry run), or where the curve fraction's regime misses its floor."""
+    runs; untestable without learning curves (e.g. a dry run), where the curve fraction's regime misses its floor, or
+    where the two final models are inert (`inert_checks`, on their per-image hits)."""
     SW, C = recipe["sweep"], recipe["claims"]
     fc, ref_name = SW["curve"]["fraction"], C["convergence_reference"]
     if not {"AAL full link", "DeiT"} <= set(reach_of):   # e.g. a dry run: one evaluation per run, no curve
@@ -2026,7 +2050,10 @@ def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, li
                 f"DeiT (seeds {sweep.seeds(fc, 'deit')}) {', '.join(map(str, reach_of['DeiT']))} (a run that never reaches it counts as "
                 f"{horizon}); final top-1 AAL {mean_of(full[fc]):.2f} %, DeiT {mean_of(base['DeiT'][fc]):.2f} %, {ref_name} "
                 f"{mean_of(base[ref_name][fc]):.2f} %")
-    return text, provided(_sweep_floors(recipe, base, [fc]), claim_converges_faster(aal_reach, deit_reach, horizon)), evidence
+    inert, agree = inert_checks([(hit_arm(full[fc], f"AAL full link {fc} %"), hit_arm(base["DeiT"][fc], f"DeiT {fc} %"))])
+    evidence += f"; {agree} (final models)" if agree else ""
+    return text, provided(_sweep_floors(recipe, base, [fc]) + inert,
+                          claim_converges_faster(aal_reach, deit_reach, horizon)), evidence
 
 def check_wsol(wsol: Mapping[str, Mapping], whole: Mapping, recipe: Mapping | None = None,
                rule_note: str = "") -> tuple[str, Verdict, str]:

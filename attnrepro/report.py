@@ -17,7 +17,7 @@ from .scale import dry_call, executor_name
 from .budget import BudgetExhausted, fits
 from .recipes import (Recipe, RecipeError, _RecipeLoader, check_all_read, read_profiles, resolve_profile,
                                validate_recipe)
-from .verdicts import VERDICTS, Verdict
+from .verdicts import VERDICTS, Verdict, provided
 
 # %% auto #0
 __all__ = ['PROFILES', 'README_START', 'README_END', 'CPU_DEVICE_NAMES', 'RESULT_PROFILES', 'PILOTS_START', 'PILOTS_END',
@@ -520,6 +520,7 @@ class PaperRun:
         self.gridded: set[str] = set()  # hashes asked for through run_many (the rest train one at a time, in this process)
         self.claims: list[dict] = []
         self.regime = ""   # the regime the claims are about, in words (see `claim`)
+        self.pre: list[Verdict] = []   # the preconditions the claims share (see `claim`)
         self.outputs: list[str] = []
         self.provenance: dict[str, str] = {}   # output file -> the notebook cell that wrote it
         self.started = time.time()
@@ -638,15 +639,21 @@ class PaperRun:
                                f"'Running the paper profile'), or cost its grid here: `attnrepro reproduce --paper "
                                f"{self.paper} --profile paper --dry-run`.")
 
-    def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "", regime: str | None = None) -> Verdict:
+    def claim(self, claim_id: str, text: str, verdict: Verdict, evidence: str = "", regime: str | None = None,
+              pre: list[Verdict] | None = None) -> Verdict:
         """Record a paper's claim with its verdict (`attnrepro.verdicts`: holds, does not hold, inconclusive or
         untestable, with the interval that decided it); printed, and written to claims.md/csv. `regime`: what the
         verdict is about in words (epochs, images, resolution, teacher); default `self.regime`, which the notebook
-        sets once for claims that share it."""
-        regime = self.regime if regime is None else regime
+        sets once for claims that share it. `pre`: the claim's preconditions (`verdicts.gate`, `at_least`, ...): one not
+        met makes it untestable, naming it (`verdicts.provided`); those met are named in the evidence; default
+        `self.pre`, set like `self.regime`."""
+        regime, pre = self.regime if regime is None else regime, self.pre if pre is None else pre
         if not isinstance(verdict, Verdict):
             raise TypeError(f"claim {claim_id}: pass a Verdict (attnrepro.verdicts.greater/less/within/gap_fraction/"
                             f"all_of/untestable), not {type(verdict).__name__}: a bare True/False hides the noise")
+        if pre:   # a fair test first: an unmet precondition makes the claim untestable (`provided`); met ones are named
+            met = "; ".join(p.statement for p in pre if p.holds)
+            verdict, evidence = provided(pre, verdict), "; ".join(x for x in (met and f"precondition met: {met}", evidence) if x)
         ev = str(verdict) + (f"; {evidence}" if evidence else "")
         self.claims.append(dict(id=str(claim_id), claim=text, **verdict.row(), evidence=ev, regime=regime or ""))
         print(f"[{verdict.verdict}{' at ' + self.profile if verdict.verdict == 'untestable' else ''}] claim {claim_id}: "

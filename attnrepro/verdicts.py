@@ -6,7 +6,7 @@
 from __future__ import annotations
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 from scipy import stats
@@ -16,7 +16,7 @@ __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_SHARE', 'INER
            'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference', 'pack_correct', 'unpack_correct',
            'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of',
            'provided', 'agreement', 'Agreement', 'arm_agreement', 'seed_blocked_difference', 'arms_differ', 'gate',
-           'at_least', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
+           'at_least', 'floors', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -430,6 +430,18 @@ def at_least(value: float, floor: float, what: str) -> Verdict:
     if not math.isfinite(value): return untestable(f"{what} is not measured")
     ok = value >= floor
     return Verdict("holds" if ok else "untestable", f"{what} {value:.2f} {'meets' if ok else 'is below'} its floor {floor:g}")
+
+def floors(arms: Mapping[str, Arm], floor: float | Mapping[str, float] | None, what: str = "top-1") -> list[Verdict]:
+    """The regime's floor as preconditions: `at_least` on the mean of each arm (label -> Arm: a baseline per dataset,
+    or per fraction), naming its seeds. `floor`: one number for every arm, or a floor per dataset label (an arm's
+    label is that label, or that label, a space and more: 'CIFAR-10 5 %'), as a pilot sets it on its own dataset. An
+    arm without a floor, or `floor` None (a profile that sets none), gets no precondition."""
+    def floor_of(k):
+        if not isinstance(floor, Mapping): return floor
+        hit = [l for l in floor if l is not None and (k == l or k.startswith(f"{l} "))]
+        return floor[max(hit, key=len)] if hit else None
+    return [at_least(a.mean, f, f"{a.name + ' ' if a.name else ''}{what} on {k} ({a.n} seed{'s' if a.n > 1 else ''})")
+            for k, a in arms.items() if (f := floor_of(k)) is not None]
 
 def gap_resolved(est: Estimate, what: str = "the gap") -> Verdict:
     """Precondition: the gap a claim speaks of (a share of it, or a student reaching its teacher) is larger than its

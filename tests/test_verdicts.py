@@ -154,3 +154,87 @@ def test_provided_makes_a_claim_untestable_when_its_premise_fails():
     v = provided([ft_beats, premise_fails], claim)
     assert v.verdict == "untestable" and "precondition not met" in v.statement and claim.statement in v.statement
     assert provided([untestable("no runs")], claim).verdict == "untestable"
+
+
+# --- issue #45: inert arms and preconditions, directly ------------------------------------------------------------
+
+def _seed_runs(rng, base, flip, seeds=3):
+    """Per-image hits of `seeds` runs: each the shared `base` (what every run of the task gets right) with a share
+    `flip` of its images redrawn at random (what one seed changes)."""
+    out = []
+    for _ in range(seeds):
+        h = base.copy()
+        m = rng.random(base.size) < flip
+        h[m] = rng.random(m.sum()) < base.mean()
+        out.append(h)
+    return out
+
+
+def _hit_arm(runs, name):
+    return arm([100 * h.mean() for h in runs], name, hits=[pack_correct(h) for h in runs])
+
+
+def test_arms_differ_flags_an_inert_pair_and_passes_a_differing_one():
+    from attnrepro.verdicts import INERT_FIX, arm_agreement, arms_differ
+    rng = np.random.default_rng(45)
+    base = rng.random(4000) < 0.6
+    a = _hit_arm(_seed_runs(rng, base, 0.4), "baseline")
+    # an inert arm: the same process as the baseline (its seeds agree with the baseline's as often as among themselves)
+    b = _hit_arm(_seed_runs(rng, base, 0.4), "weak term")
+    ag = arm_agreement(a, b)
+    assert ag.between >= ag.within - ag.tolerance and ag.inert is True
+    v = arms_differ(a, b)
+    assert v.verdict == "untestable" and v.statement.startswith("inert: baseline vs weak term")
+    assert f"{ag.within:.1f} % between two seeds of one arm" in v.statement and INERT_FIX in v.statement
+    # an arm that agrees with the baseline MORE than one arm with itself is inert too
+    c = _hit_arm([h.copy() for h in a.hits.astype(bool)], "copy")
+    assert arms_differ(a, c).verdict == "untestable"
+    # a differing arm: a different set of images right (its own base), agreeing far less across arms than within
+    other = rng.random(4000) < 0.6
+    d = _hit_arm(_seed_runs(rng, other, 0.4), "strong term")
+    ag = arm_agreement(a, d)
+    assert ag.between < ag.within - ag.tolerance and ag.inert is False
+    v = arms_differ(a, d)
+    assert v.verdict == "holds" and v.statement.startswith("arms differ: baseline vs strong term")
+    # the fix named is the caller's
+    assert "a longer schedule only" in arms_differ(a, b, fix="a longer schedule only").statement
+    # without per-image hits only identical scores are caught
+    assert arms_differ(arm([50.0, 51.0]), arm([50.0, 51.0])).verdict == "untestable"
+    assert "not checked per image" in arms_differ(arm([50.0, 51.0]), arm([50.5, 51.0])).statement
+
+
+def test_provided_turns_a_failed_precondition_into_untestable_naming_it():
+    from attnrepro.verdicts import Verdict, at_least, floors, gate
+    claim = greater(difference(arm([60.0, 61.0, 60.5]), arm([50.0, 50.5, 49.5])))
+    assert claim.verdict == "holds"
+    low = at_least(28.57, 40, "plain CE top-1 in the strong regime")
+    assert low.verdict == "untestable" and low.statement == "plain CE top-1 in the strong regime 28.57 is below its floor 40"
+    v = provided([at_least(55.0, 40, "scratch top-1"), low], claim)
+    assert v.verdict == "untestable"
+    assert v.statement.startswith("precondition not met (plain CE top-1 in the strong regime 28.57 is below its floor 40 "
+                                  "-> untestable)")
+    assert "scratch top-1" not in v.statement.split("; the comparison")[0]   # a met precondition is not blamed
+    assert claim.statement in v.statement and math.isnan(v.effect)
+    assert provided([at_least(55.0, 40, "scratch top-1"), gate(True, "teacher")], claim) is claim
+    g = provided([gate(False, "teacher k-NN 7.01 < 10")], claim)
+    assert g.verdict == "untestable" and "teacher k-NN 7.01 < 10: gate not passed" in g.statement
+    # floors: one floor, or a floor per dataset label ('CIFAR-10 5 %' is CIFAR-10's; CIFAR-100 is not)
+    arms_ = {"CIFAR-10 5 %": arm([48.65], "scratch"), "CIFAR-100 (proxy)": arm([9.0, 9.5], "scratch")}
+    f = floors(arms_, {"CIFAR-10": 40})
+    assert [p.statement for p in f] == ["scratch top-1 on CIFAR-10 5 % (1 seed) 48.65 meets its floor 40"]
+    assert [p.verdict for p in floors(arms_, 40)] == ["holds", "untestable"] and floors(arms_, None) == []
+    assert isinstance(f[0], Verdict)
+
+
+def test_paper_run_claim_applies_preconditions(tmp_path):
+    from attnrepro.report import PaperRun
+    from attnrepro.verdicts import at_least
+    pr = PaperRun("aal", "smoke", tmp_path)
+    claim = greater(difference(arm([60.0, 61.0, 60.5]), arm([50.0, 50.5, 49.5])))
+    pr.pre = [at_least(55.0, 40, "scratch top-1")]
+    assert pr.claim("1", "A beats B", claim, "numbers").verdict == "holds"
+    assert pr.claims[-1]["evidence"].endswith("; precondition met: scratch top-1 55.00 meets its floor 40; numbers")
+    v = pr.claim("2", "A beats B", claim, "numbers", pre=[at_least(30.0, 40, "scratch top-1")])
+    assert v.verdict == "untestable" and "scratch top-1 30.00 is below its floor 40" in pr.claims[-1]["evidence"]
+    pr.pre = []
+    assert pr.claim("3", "A beats B", claim).verdict == "holds" and "precondition" not in pr.claims[-1]["evidence"]
