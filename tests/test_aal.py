@@ -2,6 +2,7 @@
 import copy
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -548,7 +549,7 @@ def test_link_sweep_seeds_configs_grids_and_reuse_check():
     assert sw.table3_config(f, CE_SPEC, st, 1) == sw.config(f, CE_SPEC, st, 1, "aal") or "table3" in P
     mini = load_profile("aal", "mini")
     sw.check_reuse(mini, CE_SPEC)   # the committed pilot CE runs still hash as the mini sweep builds them
-    bad = copy.deepcopy(mini)
+    bad = pickle.loads(pickle.dumps(mini))   # plain dicts: a loaded recipe refuses overridden keys
     bad["sweep"]["reuse"][0]["hashes"] = ["0" * 16] * len(bad["sweep"]["reuse"][0]["seeds"])
     with pytest.raises(ValueError, match="no longer hash to the pilot's runs"):
         sw.check_reuse(bad, CE_SPEC)
