@@ -250,9 +250,17 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
                        compress_queue: int = COMPRESS_QUEUE, compress_tau: float = 0.04, extra_terms: Sequence[LossTerm] = (),
                        name: str = "attndistill") -> Method:
     """AttnDistill as a `Method`: terms `feat` (PA, CLS regression through the projector), `attn` (lambda * L_a),
-    optionally `patch` (patch-token alignment) and `compress` (CompRess KD); weight 0 drops a term."""
+    optionally `patch` (patch-token alignment) and `compress` (CompRess KD); weight 0 drops a term.
+    `proj_layers=0`: no projector, the student's own final norm of its tokens is regressed on the teacher's (the
+    official `--noproj`, `student_norm`; needs equal widths)."""
     t, s = _vit(teacher, "teacher"), _vit(student, "student")
     dt, ds = describe_model(t), describe_model(s)
+    noproj = type(proj_layers) is int and proj_layers == 0
+    if noproj and ds["embed_dim"] != dt["embed_dim"] and (feature_weight or patch_align_weight or compress_weight):
+        raise ValueError(f"proj_layers=0 (no projector) regresses the student's {ds['embed_dim']}-d tokens on the "
+                         f"teacher's {dt['embed_dim']}-d ones: use proj_layers >= 1, or a student of the teacher's width")
+    if noproj and isinstance(s.norm, nn.Identity):
+        raise ValueError("proj_layers=0 needs the student's final norm (a ViT with class-token pooling, no fc_norm)")
     if aggregate not in (None, "auto", *AGGREGATIONS):
         raise ValueError(f"aggregate={aggregate!r}; valid: None, 'auto', {AGGREGATIONS}")
     if attn_loss not in ATTN_LOSSES:
@@ -270,7 +278,7 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
     teacher.eval().requires_grad_(False)
     pairs = layer_pairs(ds["depth"], dt["depth"], attn_layers) if attn_weight else []
     s_layers, t_layers = [p[0] for p in pairs], sorted({p[1] for p in pairs})
-    modules = {"projector": Projector(ds["embed_dim"], dt["embed_dim"], proj_layers)}
+    modules = {} if noproj else {"projector": Projector(ds["embed_dim"], dt["embed_dim"], proj_layers)}
     if compress_weight: modules["compress_queue"] = CompRessQueue(dt["embed_dim"], compress_queue)
     need_patches = bool(patch_align_weight)
 
@@ -292,7 +300,8 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
         tok = tap.list("block")[0]
         s = {"maps": tap.list("cls_maps")} if s_layers else {}
         if "v" in spec: s["v"] = tap.list("v")
-        proj = ctx.modules["projector"](tok[:, 0] if not need_patches else tok)
+        head = _vit(ctx.model, "student").norm if noproj else ctx.modules["projector"]
+        proj = head(tok[:, 0] if not need_patches else tok)
         s.update({"patches": proj[:, 1:], "proj": proj[:, 0]} if need_patches else {"proj": proj})
         put_taps(ctx, "student", s, "AttnDistill")
 
@@ -318,7 +327,7 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
     terms = [LossTerm(n, fn, w) for n, fn, w in (("feat", feat_term, feature_weight), ("attn", attn_term, attn_weight),
                                                  ("patch", patch_term, patch_align_weight),
                                                  ("compress", compress_term, compress_weight)) if w]
-    # the student's final norm (and head) never get a gradient: DDP must be told to expect unused parameters
+    # the student's final norm (unless proj_layers=0) and head get no gradient: DDP must expect unused parameters
     method = Method([*terms, *extra_terms], name=name, extra_modules=modules, find_unused_parameters=True,
                     frozen_modules={"teacher": teacher}, before_forward=before_forward, forward=forward,
                     after_step=after_step)
@@ -488,7 +497,7 @@ def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = Fal
     cfg = train_config(config["train"], config["seed"])
     res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
     t0 = time.time()
-    proj = method.extra_modules["projector"]
+    proj = method.extra_modules.get("projector")   # None with proj_layers=0: layer 0 only
     ftr, ytr = projector_layer_features(student, proj, DataLoader(train_eval, batch_size=256))
     fva, yva = projector_layer_features(student, proj, DataLoader(val_eval, batch_size=256))
     layers = range(len(ftr)) if config["all_layers"] else [0]

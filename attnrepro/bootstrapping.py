@@ -145,9 +145,11 @@ class Conv1x1(nn.Module):
 class AgentBlock(nn.Module):
     """Pre-norm agent block: x + CONV(BN(x)), then x + 1x1 conv -> act -> dropout -> 1x1 conv of BN(x). `mlp_drop`:
     the dropout after the activation (the official `MLP_CNN`); None: a shared block takes its ViT MLP's (`drop1`,
-    as the official `SharedMLP` copies the ViT's), a private one none. A rate of 0 adds no module at all."""
-    def __init__(self, vit_block: nn.Module, shared: bool, mlp_drop: float | None = None):
+    as the official `SharedMLP` copies the ViT's), a private one none. A rate of 0 adds no module at all.
+    `pre_norm=False`: post-norm, x + BN(CONV(x)), then x + BN(MLP(x)) (official `CNNBlock.post_forward`)."""
+    def __init__(self, vit_block: nn.Module, shared: bool, mlp_drop: float | None = None, pre_norm: bool = True):
         super().__init__()
+        self.pre_norm = pre_norm
         attn, mlp = vit_block.attn, vit_block.mlp
         dim, hidden = mlp.fc1.in_features, mlp.fc1.out_features
         for name in ("ls1", "ls2"):
@@ -166,6 +168,9 @@ class AgentBlock(nn.Module):
         self.fc2 = Conv1x1(mlp.fc2 if shared else nn.Linear(hidden, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.pre_norm:
+            x = x + self.norm1(self.conv(x))
+            return x + self.norm2(self.fc2(self.drop(self.act(self.fc1(x)))))
         x = x + self.conv(self.norm1(x))
         return x + self.fc2(self.drop(self.act(self.fc1(self.norm2(x)))))
 
@@ -176,11 +181,17 @@ def res_like_down_sample_layers(depth: int) -> list[int]:
 
 class AgentCNN(nn.Module):
     """The agent CNN of a timm ViT (`arch` in AGENT_ARCHS); `shared=True` uses the ViT's MHSA/FFN weights. `mlp_drop`:
-    dropout after each block's MLP activation (official agents: 0.1); None: a shared agent's is its ViT MLP's, else none."""
+    dropout after each block's MLP activation (official agents: 0.1); None: a shared agent's is its ViT MLP's, else none.
+    `pre_norm=False`: post-norm blocks (the official ViT-B agents' `cnn_pre_norm: False`)."""
     def __init__(self, vit: VisionTransformer, arch: str = "res_like", shared: bool = False,
                  down_sample_layers: Sequence[int] | None = None, mid_channels: int = 64, in_chans: int = 3,
-                 stem_pool: bool = True, stem_conv_stride: int = 2, mlp_drop: float | None = None):
+                 stem_pool: bool = True, stem_conv_stride: int = 2, mlp_drop: float | None = None,
+                 pre_norm: bool = True):
         super().__init__()
+        if not isinstance(pre_norm, bool):
+            raise ValueError(f"AgentCNN: pre_norm={pre_norm!r}; valid: True (pre-norm blocks) or False (post-norm)")
+        if isinstance(down_sample_layers, (int, str)):
+            raise TypeError(f"AgentCNN: down_sample_layers={down_sample_layers!r}; give a list of block indices, e.g. [0, 1]")
         if arch not in AGENT_ARCHS:
             raise ValueError(f"AgentCNN: unknown arch {arch!r}; valid: {AGENT_ARCHS}")
         if arch == "base" and not stem_pool:
@@ -216,7 +227,8 @@ class AgentCNN(nn.Module):
         if bad:
             raise ValueError(f"AgentCNN: down_sample_layers {bad} out of range for depth {depth} (valid 0..{depth - 1})")
         self.down_sample_layers = sorted(set(down_sample_layers))
-        self.blocks = nn.ModuleList(AgentBlock(b, shared, mlp_drop) for b in vit.blocks)
+        self.pre_norm = pre_norm
+        self.blocks = nn.ModuleList(AgentBlock(b, shared, mlp_drop, pre_norm) for b in vit.blocks)
         self.downsample = nn.ModuleList(nn.AvgPool2d(2, stride=2) if i in self.down_sample_layers else nn.Identity()
                                         for i in range(depth))
         self.norm = nn.BatchNorm2d(dim)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .aal import aal_method, distill_method, kd_method, pit_aal_method
+from .attention import attention_blocks
 from .attndistill import attndistill_method
 from .bootstrapping import AgentCNN, bootstrap_method, sam_method, sparse_attention_
 from .gta import DEFAULT_COEF, transfer_method
@@ -269,11 +270,26 @@ def _kd(student, teacher, T=4.0, ce_weight=0.5, kd_weight=0.5, teacher_mean=None
                  changes_model="Attention Copy runs the student on the teacher's attention maps, in a CopyModel",
                  summary="Attention Copy: the student uses the teacher's attention maps (teacher needed at test time)",
                  layers=None, heads=None, source="maps", aggregate=None)
-def _attn_copy(student, teacher, layers=None, heads=None, source="maps", aggregate=None, shared_drop_path=True):
+def _attn_copy(student, teacher, layers=None, heads=None, source="maps", aggregate=None, shared_drop_path=True,
+               end_layer=None):
+    layers = _end_layer_blocks(student, layers, end_layer)
     return CopyModel(student, teacher, layers, heads, source, aggregate, shared_drop_path), Method()
 
+def _end_layer_blocks(student, layers, end_layer):
+    """`layers`, or the blocks `0..depth + end_layer - 1` of the official DualVisionTransformer's `end_layer`
+    (-3: all but the last 3; 0: all). None (the default) leaves `layers` as given."""
+    if end_layer is None: return layers
+    if layers is not None:
+        raise ValueError(f"give layers or end_layer, not both (layers={layers!r}, end_layer={end_layer!r})")
+    depth = len(attention_blocks(student))
+    if isinstance(end_layer, bool) or not isinstance(end_layer, int) or not -depth < end_layer <= 0:
+        raise ValueError(f"end_layer={end_layer!r}: must be an int in {1 - depth}..0 for a {depth}-block student "
+                         "(blocks 0..depth + end_layer - 1; the official -3 leaves out the last 3)")
+    return list(range(depth + end_layer))
+
 def _teacher_distill(kind):
-    def factory(student, teacher, layers=None, weight=3.0, ce_weight=1.0, shared_drop_path=True):
+    def factory(student, teacher, layers=None, weight=3.0, ce_weight=1.0, shared_drop_path=True, end_layer=None):
+        layers = _end_layer_blocks(student, layers, end_layer)
         d = Distill(kind, None if layers is None else tuple(layers), weight)
         return student, TeacherDistillMethod(teacher, [d], ce_weight=ce_weight, shared_drop_path=shared_drop_path)
     return factory
@@ -385,12 +401,16 @@ def _attndistill_kl(student, teacher, attn_weight=0.1, T=10.0, aggregate="auto",
 
 # %% ../nbs/18_methods.ipynb #cb7a4739
 def _bootstrap(shared, w, w_hint):
+    # down_sample_layers (None: Table 7's), pre_norm=False (post-norm agent blocks, the official ViT-B agents'),
+    # align=False (no gradient alignment; the official code has none; None: a shared agent aligns)
     def factory(student, teacher, epochs=240, agent_arch="res_like", mid_channels=64, stem_pool=True, layers=None,
-                adapt="sequence", T=4.0, w_ce=w, w_ce_agent=w, w_kd=w, w_kd_agent=w, w_hint=w_hint, hint_decay=True):
+                adapt="sequence", T=4.0, w_ce=w, w_ce_agent=w, w_kd=w, w_kd_agent=w, w_hint=w_hint, hint_decay=True,
+                down_sample_layers=None, pre_norm=True, align=None):
         agent = AgentCNN(student, agent_arch, shared=shared, mid_channels=mid_channels,
-                         stem_pool=stem_pool if agent_arch == "res_like" else True)
+                         stem_pool=stem_pool if agent_arch == "res_like" else True,
+                         down_sample_layers=down_sample_layers, pre_norm=pre_norm)
         return student, bootstrap_method(student, agent, epochs, layers, adapt, T, w_ce, w_ce_agent, w_kd, w_kd_agent,
-                                         w_hint, hint_decay)
+                                         w_hint, hint_decay, align=align)
     return factory
 
 register_method("bootstrap_joint", paper="bootstrapping_vit", epochs=240,

@@ -268,6 +268,43 @@ def test_composition_errors():
         create_method("ce+attn_distill", vit(), teacher={"ce": src})
 
 
+def test_official_code_options():
+    """Issue #46's options (defaults unchanged; tests/test_parity.py checks their numbers against the official code):
+    `end_layer` (attention transfer), `proj_layers=0` (AttnDistill --noproj), `down_sample_layers`, `pre_norm` and
+    `align` (Bootstrapping ViTs); `method_info` lists them, bad values are refused by name."""
+    for name, opts in (("attn_copy", {"end_layer"}), ("attn_distill", {"end_layer"}), ("q_distill", {"end_layer"}),
+                       ("attndistill", {"proj_layers"}),
+                       ("bootstrap_shared", {"down_sample_layers", "pre_norm", "align"}),
+                       ("bootstrap_joint", {"down_sample_layers", "pre_norm", "align"})):
+        assert opts <= set(method_info(name).options) and not opts & set(method_info(name).defaults), name
+    vit = lambda: create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, num_classes=10)
+    src = create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2, num_classes=0)
+    assert create_method("attn_copy", vit(), src, end_layer=-3)[0].layers == [0]
+    assert create_method("attn_copy", vit(), src)[0].layers == [0, 1, 2, 3]
+    _, m = create_method("attn_distill", vit(), src, end_layer=-1)
+    assert m.distill[0].layers == (0, 1, 2) and create_method("attn_distill", vit(), src)[1].distill[0].layers is None
+    for bad in (1, -4, 0.5, True, "-3"):
+        with pytest.raises(ValueError, match=rf"end_layer={bad!r}: must be an int in -3..0"):
+            create_method("attn_distill", vit(), src, end_layer=bad)
+    with pytest.raises(ValueError, match="give layers or end_layer, not both"):
+        create_method("attn_copy", vit(), src, layers=[0], end_layer=-1)
+    _, m = build("attndistill", proj_layers=0)
+    assert "projector" not in m.extra_modules and "projector" in build("attndistill")[1].extra_modules
+    with pytest.raises(ValueError, match="proj_layers=0 .* use proj_layers >= 1"):
+        create_method("attndistill", create_student("vit", img_size=32, patch_size=8, embed_dim=16, depth=2,
+                                                    num_heads=2, num_classes=0), src, proj_layers=0)
+    _, m = build("bootstrap_shared", down_sample_layers=[1], pre_norm=False, align=False)
+    agent = m.extra_modules["agent"]
+    assert agent.down_sample_layers == [1] and not agent.pre_norm and not any(b.pre_norm for b in agent.blocks)
+    assert build("bootstrap_shared")[1].extra_modules["agent"].pre_norm
+    with pytest.raises(ValueError, match="align=True needs a shared agent"):
+        build("bootstrap_joint", align=True)
+    with pytest.raises(ValueError, match="pre_norm='no'"):
+        build("bootstrap_joint", pre_norm="no")
+    with pytest.raises(TypeError, match="down_sample_layers=1; give a list"):
+        build("bootstrap_joint", down_sample_layers=1)
+
+
 def test_two_teachers_writing_one_step_state_are_refused():
     "AAL and KD with different CNN teachers both set ctx.teacher_logits: an error at the first step, not an overwrite."
     torch.manual_seed(0)

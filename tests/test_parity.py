@@ -257,19 +257,15 @@ def test_attention_transfer_drop_path_fixtures_pin_the_sharing():
     assert (logits - torch.tensor(c["values"]["logits"])).abs().max() > 1e-2
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, Attention Transfer: the official DualVisionTransformer distils blocks 0..L-4 "
-                          "(end_layer=-3); the registry has no option naming that behaviour yet")
 def test_attention_transfer_distill_official_end_layer_option():
+    """The official DualVisionTransformer distils blocks 0..L-4 (end_layer=-3): the registry's `end_layer` option."""
     S, c = at_case("distill_attn_end_layer_-3")
     _, distill, _, _ = at_distill(S, c, registry_options=dict(end_layer=-3))
     close(distill, c["values"]["distill_loss"], "distill with the official end_layer=-3")
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, Attention Transfer: the official DualVisionTransformer copies blocks 0..L-4 "
-                          "(end_layer=-3); the registry has no option naming that behaviour yet")
 def test_attention_transfer_copy_official_end_layer_option():
+    """The official DualVisionTransformer copies blocks 0..L-4 (end_layer=-3): the registry's `end_layer` option."""
     S, c = at_case("copy_attn_end_layer_-3")
     close(at_copy(S, c, registry_options=dict(end_layer=-3)), c["values"]["logits"], "copy with end_layer=-3")
 
@@ -349,10 +345,8 @@ def test_attndistill_negative_interpolated_probabilities():
     assert math.isfinite(got["attn"])
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, AttnDistill: `--noproj` (the student's own normed CLS regressed on the teacher's, "
-                          "no projector) is missing from the registry")
 def test_attndistill_noproj():
+    """`--noproj` (the student's own normed CLS regressed on the teacher's, no projector): `proj_layers=0`."""
     S = fixture(AD)["setup"]
     c = fixture(AD)["cases"]["noproj"]
     got = ad_losses(S, c, {**c["registry_options"], "proj_layers": 0})
@@ -485,27 +479,22 @@ def test_bootstrapping_shared_gradients_without_alignment():
     check_bv_grads(S, c, vit_, method, "shared, align=False")
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, Bootstrapping: the official code has no gradient alignment; `align` is not exposed "
-                          "through create_method")
 def test_bootstrapping_shared_gradients_registry_align_option():
+    """The official code has no gradient alignment: `align=False` through create_method gives its gradients."""
     S, c = bv_case("shared")
     model, method = bv_registry(S, c, align=False)
     check_bv_grads(S, c, model, method, "shared via the registry, align=False")
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, Bootstrapping agent: down-sampling is not settable through the registry")
 def test_bootstrapping_agent_down_sampling_registry_option():
+    """The agent's down-sampling ([1, 2], an official config option) set through the registry."""
     S, c = bv_case("shared_down_sample_1_2")
     model, method = bv_registry(S, c, down_sample_layers=c["official_options"]["down_sample_layers"])
     check_bv_terms(S, c, model, method, "down-sampling [1, 2] via the registry")
 
 
-@pytest.mark.xfail(strict=True, raises=(ValueError, TypeError, AssertionError),
-                   reason=f"{ISSUE}, Bootstrapping agent: no post-norm agent blocks (the official ViT-B agents use "
-                          "pre_norm=False)")
 def test_bootstrapping_agent_post_norm_registry_option():
+    """Post-norm agent blocks (the official ViT-B agents' cnn_pre_norm: False): `pre_norm=False`."""
     S, c = bv_case("shared_post_norm")
     model, method = bv_registry(S, c, pre_norm=False)
     check_bv_terms(S, c, model, method, "post-norm agent via the registry")
