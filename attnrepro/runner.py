@@ -279,6 +279,7 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
     notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>)."""
     import tempfile
     import papermill as pm
+    from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
     from attnrepro.scale import cost_markdown, cost_table, read_probes
     root = Path(root or project_root())
@@ -310,6 +311,9 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
             stopped = f"the notebook stopped in cell {e.exec_count} (index {e.cell_index}): {e.ename}: {e.evalue}"[:800]
         except KeyboardInterrupt:   # Ctrl-C or a time limit (`timeout -s INT`): what was measured is still written
             stopped = "interrupted (Ctrl-C or a time limit) before the notebook finished"
+        except DeadKernelError:     # killed from outside, most often for memory: the runs measured so far still count
+            stopped = ("the notebook's kernel died (killed from outside, most often by the out-of-memory killer: "
+                       "see `dmesg`)")
         rows = read_probes(log)
         df = cost_table(rows)
         out = Path(out_dir) if out_dir else root / "outputs" / DRYRUN_DIR / short / profile

@@ -229,6 +229,14 @@ def test_interrupted_dry_run_still_writes_what_it_measured(project, monkeypatch)
     res = dry_run_paper("grid", "smoke")
     assert res["stopped"].startswith("interrupted") and list(res["table"].run) == ["linear seed 0", "TOTAL (1 runs)"]
     assert "INCOMPLETE: interrupted (Ctrl-C or a time limit)" in (res["out"] / "table_cost.md").read_text()
+    from nbclient.exceptions import DeadKernelError
+    def interrupted_then_killed(*a, **kw):
+        try: interrupted()
+        except KeyboardInterrupt: raise DeadKernelError("Kernel died") from None
+    monkeypatch.setattr(papermill, "execute_notebook", interrupted_then_killed)
+    res = dry_run_paper("grid", "smoke")
+    assert res["stopped"].startswith("the notebook's kernel died") and len(res["table"]) == 2
+    assert "INCOMPLETE: the notebook's kernel died" in (res["out"] / "table_cost.md").read_text()
 
 
 def test_synthetic_stand_in_and_dry_checkpoints(env, monkeypatch):
