@@ -22,7 +22,7 @@ from .losses import gta_loss
 from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 from .verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Estimate, Verdict, agreement, all_of,
                                 arm, arm_agreement, arms_differ, at_least, contrast, difference, gate, greater, less,
-                                pooled_sd, provided, untestable)
+                                pooled_sd, provided, seed_blocked, untestable)
 
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
@@ -37,13 +37,12 @@ __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVE
            'run_config', 'attention_outputs', 'dry_run_head', 'check_train_keys', 'finetune_train_config',
            'finetune_run', 'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset',
            'pilot_floor', 'pilot_arm_steps', 'pilot_config', 'pilot_name', 'source_cls_entropy', 'source_gate',
-           'SeedArm', 'seed_spread', 'seeds_arm', 'rate_label', 'seed_blocked', 'not_inert',
-           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
-           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows',
-           'plot_attention_overlays', 'plot_attention_masks', 'plot_lambda_sweep', 'GtaRuns', 'pilot_groups',
-           'pilot_round', 'table_1', 'table_2', 'table_2b', 'table_2c', 'seeds_text', 'table_3',
-           'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6', 'means_text', 'table_source_entropy',
-           'table_agreement', 'table_lambda_limit']
+           'seed_spread', 'seeds_arm', 'rate_label', 'not_inert', 'claim_gain_shrinks_with_data',
+           'claim_beats_other_methods', 'claim_logits_beat_other_features', 'claim_masks_overlap_better',
+           'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows', 'plot_attention_overlays',
+           'plot_attention_masks', 'plot_lambda_sweep', 'GtaRuns', 'pilot_groups', 'pilot_round', 'table_1', 'table_2',
+           'table_2b', 'table_2c', 'seeds_text', 'table_3', 'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6',
+           'means_text', 'table_source_entropy', 'table_agreement', 'table_lambda_limit']
 
 # %% ../nbs/15_gta.ipynb #3429d7f0
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -842,76 +841,27 @@ CLAIM_TEXTS = {   # id -> claim; {rate} is filled in by the notebook from the pr
     "6": "GTA helps with both the supervised and the self-supervised source (at {rate})",
 }
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SeedArm(Arm):
-    """An `Arm` that knows the seeds of its values (`seeds`, in the order of `values` and of `hits`). A run's seed fixes
-    its training subset, its new head's initialisation and its batch order, so arms of the same seeds are paired twice:
-    seed by seed (`seed_blocked`) and image by image (`hits`)."""
-    seeds: tuple = dataclasses.field(default=(), kw_only=True)
-
-    def __post_init__(self):
-        super().__post_init__()
-        s = tuple(int(x) for x in self.seeds)
-        if s and (len(s) != self.n or len(set(s)) != len(s)):
-            raise ValueError(f"arm {self.name!r}: seeds {s} must name each of its {self.n} values once")
-        object.__setattr__(self, "seeds", s)
-
 def seed_spread(arms: Iterable[Arm]) -> tuple[float, float] | None:
     "Pooled seed-to-seed sd and its df over the `arms` with 2+ seeds (`pooled_sd`); None when every arm has one seed."
     multi = [a for a in arms if a.n > 1]
     return pooled_sd(multi) if multi else None
 
 def seeds_arm(values, name: str = "", n_test: int | None = None, spread: tuple[float, float] | None = None,
-              hits=None, seeds: Sequence[int] = ()) -> SeedArm:
-    """An `Arm` of per-seed values (a `SeedArm`: `seeds` names them, `hits` carries each seed's per-image top-1 hits). A
+              hits=None, seeds: Sequence[int] = ()) -> Arm:
+    """An `Arm` of per-seed values (`seeds` names them, `hits` carries each seed's per-image top-1 hits). A run's seed
+    fixes its training subset, its new head's initialisation and its batch order, so arms of the same seeds are paired
+    twice: seed by seed (`verdicts.seed_blocked`) and image by image (`hits`). A
     one-seed row borrows `spread` = (sd, df) from `seed_spread`; without it the row stays as it is and every comparison
     that needs its noise is `untestable`."""
     v = tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist())
     sd, df = spread if len(v) == 1 and spread is not None else (None, None)
-    return SeedArm(v, name, n_test, sd, df, hits=hits, seeds=tuple(seeds))
+    return Arm(v, name, n_test, sd, df, hits=hits, seeds=tuple(seeds))
 
 def rate_label(rate: float) -> str:
     "A sampling rate given as a fraction in (0, 1], printed as a percentage."
     if not 0 < rate <= 1:
         raise ValueError(f"sampling rates are fractions in (0, 1], got {rate!r}")
     return f"{100 * rate:g}%"
-
-def _merged(terms: Sequence[tuple[float, Arm]]) -> list[list]:
-    "The terms with the weights of an arm listed twice added (as `contrast` counts it)."
-    out: list[list] = []
-    for w, a in terms:
-        for m in out:
-            if m[1] is a: m[0] += w; break
-        else: out.append([float(w), a])
-    return out
-
-def seed_blocked(terms: Sequence[tuple[float, Arm]], label: str = "") -> Estimate | None:
-    """The contrast `sum(w * arm.mean)` blocked by seed, when every arm is a `SeedArm` of the same 2+ seeds with its own
-    spread (else None: `contrast` decides). Seed noise: the variance of the per-seed contrast over the seeds (df seeds
-    - 1), so what a seed's subset and initialisation do to every arm alike cancels; test-set noise: the variance of the
-    per-image contrast over the test images when every accuracy arm carries hits on one test set (paired), else each
-    arm's binomial term; degrees of freedom by Welch-Satterthwaite (the test-set term has infinite df)."""
-    merged = _merged(terms)
-    arms = [a for _, a in merged]
-    seeds = {getattr(a, "seeds", ()) for a in arms}
-    if len(seeds) != 1 or len(next(iter(seeds))) < 2 or any(a.sd_seed is not None for a in arms):
-        return None
-    per_seed = sum(w * np.asarray(a.values) for w, a in merged)
-    k = len(per_seed)
-    v_seed = float(np.var(per_seed, ddof=1)) / k
-    noisy = [(w, a) for w, a in merged if a.n_test is not None]
-    paired = bool(noisy) and all(a.hits is not None for _, a in noisy) and len({a.hits.shape[1] for _, a in noisy}) == 1
-    if paired:
-        pv = 100.0 * sum(w * a.hits.mean(0) for w, a in noisy)
-        v_test = float(np.var(pv, ddof=1)) / pv.size
-    else:
-        v_test = sum(w * w * a.test_var() for w, a in merged)
-    var = v_seed + v_test
-    df = var * var / (v_seed * v_seed / (k - 1)) if v_seed > 0 else math.inf
-    tests = sorted({a.n_test for a in arms if a.n_test})
-    n = f"{k} seeds each, blocked by seed" + ((", paired on test n=" if paired else ", test n=") + "/".join(map(str, tests))
-                                              if tests else "")
-    return Estimate(label or " ".join(f"{w:+g}*{a.name}" for w, a in merged), float(per_seed.mean()), math.sqrt(var), df, n)
 
 def _compare(terms: Sequence[tuple[float, Arm]], label: str, margin: float = 0.0, test=greater,
              pre: Sequence[Verdict] = ()) -> Verdict:
@@ -1278,8 +1228,8 @@ class GtaRuns:
                 "(all rates): " + "; ".join(f"{d} sd {s[0]:.2f} (df {s[1]:.0f})" for d, s in self.spread.items() if s) + ".")
 
     def row_arm(self, method: str, d: str, rate: float, source: str = "ssl", col: str = "acc1", name=None,
-                seeds=None) -> SeedArm:
-        """One row as a verdicts Arm (a `SeedArm`, its values in seed order): top-1 with each seed's per-image hits on
+                seeds=None) -> Arm:
+        """One row as a verdicts Arm (its values in seed order, `seeds` naming them): top-1 with each seed's per-image hits on
         the test set (so that every contrast between rows of the same seeds is blocked by seed and paired on the test
         images) and, with one seed, the borrowed spread; Jaccard as measured. `seeds`: only these seeds (e.g. seed 0 of
         every row, to compare like with like where some rows ran one seed)."""

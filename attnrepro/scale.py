@@ -123,8 +123,21 @@ def make_executor(kind: str, paper: str, profile: str, gpu: int | None = None):
 class ProcessCache(dict):
     """A dict for in-memory caches of a notebook (datasets, teachers): it pickles as an empty cache, so that a job
     that gets a notebook function by value (cloudpickle) rebuilds what it needs instead of receiving every model and
-    dataset the notebook has loaded so far."""
-    def __reduce__(self): return (type(self), ())
+    dataset the notebook has loaded so far. With `keep`, it holds that many entries at most and drops the least
+    recently used first (a grid of ViT-L/H teachers, 1-2.5 GB each, outgrew 24 GB when every one stayed)."""
+    def __init__(self, *args, keep: int | None = None, **kwargs):
+        if keep is not None and keep < 1: raise ValueError(f"ProcessCache(keep={keep!r}): expected None or an integer >= 1")
+        super().__init__(*args, **kwargs)
+        self.keep = keep
+    def __getitem__(self, key):
+        value = super().__getitem__(key)
+        if self.keep: super().__delitem__(key); super().__setitem__(key, value)   # most recently used last
+        return value
+    def __setitem__(self, key, value):
+        if key in self: super().__delitem__(key)
+        super().__setitem__(key, value)
+        while self.keep and len(self) > self.keep: super().__delitem__(next(iter(self)))
+    def __reduce__(self): return (type(self), (), {"keep": self.keep})
 
 # %% ../nbs/21_scale.ipynb #9d2cd53a
 SLURM_LIVE = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "STAGE_OUT",

@@ -510,7 +510,9 @@ class TransferRuns:
         self.shape, self.main = dict(recipe["shape"]), recipe["main"]
         self.depth, self.k_dist = recipe["shape"]["depth"], recipe["distill"]["layers"]
         self.method_recipes = recipe.get("method_recipes", {})   # paper profile: each method its own recipe
-        self._cache = ProcessCache()   # teachers and datasets; a grid job gets it empty and loads its own
+        # datasets, and the last few frozen models (a copy needs its teacher and init at once): a grid job gets them
+        # empty and loads its own; models beyond `keep` are reloaded (ViT-H teachers, 2.5 GB each, outgrew 24 GB)
+        self._cache, self._models = ProcessCache(), ProcessCache(keep=3)
 
     def recipe_key(self, method: str, schedule: str, layers=None) -> str:
         "The recipe a row trains with: the profile's own recipe for the method (partial-layer copies apart), else `schedule`."
@@ -550,12 +552,12 @@ class TransferRuns:
         "The frozen model a reference names (loaded, made or trained once per process)."
         if ref is None: return None
         key = json.dumps(ref, sort_keys=True)
-        if key not in self._cache:
+        if key not in self._models:
             if "pretrained" in ref: m = get_teacher(ref["pretrained"])
             elif "random" in ref: m = random_teacher(self.shape, ref["random"])
             else: m = self.trained_model(ref["trained"])
-            self._cache[key] = m.eval().requires_grad_(False)
-        return self._cache[key]
+            self._models[key] = m.eval().requires_grad_(False)
+        return self._models[key]
 
     def datasets(self, d: Mapping, augment: str | None = None, val: str = "val"):
         "(train set with `augment`, or None without one; val set) of a data spec; `val`: 'val' (all) or 'val_small'."
@@ -656,15 +658,16 @@ class TransferRuns:
         return self.pr.run_many([(self.name_of(c), c) for c in cfgs], self.train, depends=deps)
 
     def run_grid(self, make, rows: Sequence[str], seeds: Sequence[int] | Mapping[str, Sequence[int]]) -> dict[str, list]:
-        """Each row's results, in seed order: `make(row, seed)` is the config of `row` at `seed`; `seeds` is one list for
-        every row, or per row (then the grid runs their union, sorted). Trained through `run_all` seed-major, so that an
-        interrupted grid leaves complete seeds across the rows (each run is cached)."""
+        """Each row's results, in seed order, each labelled with its `seed` (arms of the same seeds are then blocked by
+        seed): `make(row, seed)` is the config of `row` at `seed`; `seeds` is one list for every row, or per row (then
+        the grid runs their union, sorted). Trained through `run_all` seed-major, so that an interrupted grid leaves
+        complete seeds across the rows (each run is cached)."""
         per_row = seeds if isinstance(seeds, Mapping) else {r: seeds for r in rows}
         order = sorted({s for ss in per_row.values() for s in ss}) if isinstance(seeds, Mapping) else list(seeds)
         keys = [(r, s) for s in order for r in rows if s in per_row[r]]
         out = {r: [] for r in rows}
         for (r, s), res in zip(keys, self.run_all([make(r, s) for r, s in keys])):
-            out[r].append(res)
+            out[r].append(dict(res, seed=s))
         return out
 
     def trained_model(self, cfg: Mapping) -> nn.Module:
@@ -966,8 +969,11 @@ PAPER = "attention_transfer"   # its reported numbers: papers/attention_transfer
 NOT_OFFLINE = "not reproducible offline: "
 
 def hits_arm(results: list, name: str, **kw) -> Arm:
-    "An `Arm` of one row's per-seed results; their per-image hits pair it with every other such row (same test set)."
-    return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results], **kw)
+    """An `Arm` of one row's per-seed results; their per-image hits pair it with every other such row (same test set),
+    and their seeds (`run_grid` labels each result) block it by seed with every row of the same seeds."""
+    seeds = [r.get("seed") for r in results]
+    return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results],
+               seeds=seeds if None not in seeds else (), **kw)
 
 def ci_text(est) -> str:
     "An effect as the tables print it: `+1.23 [+0.45, +2.01]` (its 95 % interval)."
@@ -1102,7 +1108,7 @@ def pilot_reuse(main_spec, pilot_spec, arm_seeds: Mapping[str, Sequence[int]], m
 def ensemble_arm(ens: Mapping, seeds: Sequence[int], kind: str, k: str) -> Arm:
     "Per-seed top-1 of model `k` of `ensemble_run`'s result alone (kind 'single') or ensembled with the fine-tuned model ('ensemble_with_ft')."
     hs = [unpack_correct(ens[str(s)][kind][k]) for s in seeds]
-    return arm([100 * h.mean() for h in hs], k, hits=hs)
+    return arm([100 * h.mean() for h in hs], k, hits=hs, seeds=seeds)
 
 def table_1(A: Mapping[str, Arm], ensemble: Arm, P: Mapping, profile: str, n_reused: int) -> tuple[pd.DataFrame, str]:
     """Table 1 and its caption: each row's mean top-1 over seeds, its 95 % t half-width, the seeds and the effect over
@@ -1445,7 +1451,7 @@ def per_seed_text(arms: Mapping[str, Arm], *names: str, digits: int = 2) -> str:
 
 def cka_arms(cka: Mapping, seeds: Sequence[int], names: Sequence[str]) -> dict[str, Arm]:
     "Claim 5a's arms: per seed, each model's CKA to the fine-tuned model averaged over blocks (`cka_run`'s result)."
-    return {k: arm([float(np.mean(cka[str(s)][k])) for s in seeds], f"CKA {k}") for k in names}
+    return {k: arm([float(np.mean(cka[str(s)][k])) for s in seeds], f"CKA {k}", seeds=seeds) for k in names}
 
 # %% ../nbs/14_transfer.ipynb #8909303e
 from .attention import CLS_ENTROPY_GATE, attention_maps, cls_row_entropy

@@ -5,7 +5,7 @@
 # %% ../nbs/17_verdicts.ipynb #50a20230
 from __future__ import annotations
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -13,10 +13,10 @@ from scipy import stats
 
 # %% auto #0
 __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_SHARE', 'INERT_FIX', 'IDENTICAL_AGREEMENT', 'Arm', 'arm',
-           'reported', 'pooled_sd', 'Estimate', 'contrast', 'difference', 'pack_correct', 'unpack_correct',
-           'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable', 'gap_fraction', 'all_of',
-           'provided', 'agreement', 'Agreement', 'arm_agreement', 'seed_blocked_difference', 'arms_differ', 'gate',
-           'at_least', 'floors', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
+           'reported', 'pooled_sd', 'Estimate', 'seed_blocked', 'contrast', 'difference', 'pack_correct',
+           'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable', 'gap_fraction',
+           'all_of', 'provided', 'agreement', 'Agreement', 'arm_agreement', 'seed_blocked_difference', 'arms_differ',
+           'gate', 'at_least', 'floors', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -29,13 +29,17 @@ class Arm:
     seed-to-seed standard deviation borrowed from other rows (with its degrees of freedom), for rows run with one
     seed; `sd_seed=0` marks exact numbers (a paper's printed values). `hits` (keyword only): each seed's per-image
     top-1 hits on one shared test set (bool arrays or `pack_correct` strings, in the order of `values`; `n_test`
-    becomes their length): every contrast between arms that all carry them is paired on the test images (below)."""
+    becomes their length): every contrast between arms that all carry them is paired on the test images (below).
+    `seeds` (keyword only): the seed of each value, in order. A seed fixes a run's data subset, order and initialisation
+    in every arm alike, so a contrast between arms of the same 2+ seeds, each with its own spread, is blocked by seed
+    (`seed_blocked`)."""
     values: tuple
     name: str = ""
     n_test: int | None = None
     sd_seed: float | None = None
     sd_df: float | None = None
     hits: np.ndarray | None = field(default=None, repr=False, kw_only=True)   # (seeds, images) 0/1 once validated
+    seeds: tuple = field(default=(), kw_only=True)
 
     def __post_init__(self):
         v = np.atleast_1d(np.asarray(self.values, dtype=float))
@@ -55,6 +59,10 @@ class Arm:
                 raise ValueError(f"arm {self.name!r}: n_test={self.n_test} but its hits cover {H.shape[1]} images")
             object.__setattr__(self, "hits", H)
             object.__setattr__(self, "n_test", H.shape[1])
+        s = tuple(int(x) for x in self.seeds)
+        if s and (len(s) != self.n or len(set(s)) != len(s)):
+            raise ValueError(f"arm {self.name!r}: seeds {s} must name each of its {self.n} values once, in order")
+        object.__setattr__(self, "seeds", s)
 
     @property
     def n(self) -> int: return len(self.values)
@@ -81,9 +89,10 @@ class Arm:
         return 100.0 ** 2 * p * (1 - p) / self.n_test
 
 def arm(values, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
-        sd_df: float | None = None, hits=None) -> Arm:
-    "An `Arm` from a value or a list of per-seed values (and, optionally, each seed's per-image hits)."
-    return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df, hits=hits)
+        sd_df: float | None = None, hits=None, seeds=()) -> Arm:
+    "An `Arm` from a value or a list of per-seed values (and, optionally, each seed's per-image hits and the seeds)."
+    return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df, hits=hits,
+               seeds=tuple(seeds))
 
 def reported(value: float, name: str = "") -> Arm:
     "A paper's printed number, taken as exact: comparisons of reported numbers are decided by their sign alone."
@@ -146,17 +155,51 @@ def _paired_part(terms) -> np.ndarray | None:
         return None
     return 100.0 * sum(w * a.hits.mean(0) for w, a in noisy)
 
-def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float = LEVEL) -> Estimate:
-    """The linear contrast `sum(w * arm.mean)` with Welch-Satterthwaite degrees of freedom. An arm listed twice
-    has its weights added (so `copy - scratch - r (ft - scratch)` counts scratch's noise once). When every arm
-    with test-set noise carries per-image hits (`Arm.hits`), the test-set term is the variance of the per-image
-    contrast over N images (paired, as `paired_difference`) instead of a sum of independent binomial terms."""
+def _merged(terms: Sequence[tuple[float, Arm]]) -> list[list]:
+    "The terms as [weight, arm], the weights of an arm listed twice added."
     merged: list[list] = []
     for w, a in terms:
         if not isinstance(a, Arm): raise TypeError(f"contrast terms are (weight, Arm) pairs, got {type(a).__name__}")
         for m in merged:
             if m[1] is a: m[0] += w; break
         else: merged.append([float(w), a])
+    return merged
+
+def _blockable(arms: Sequence[Arm]) -> bool:
+    "Whether the arms name the same 2+ seeds, each with its own spread (none borrowed): a contrast of them is blocked."
+    seeds = {a.seeds for a in arms}
+    return len(seeds) == 1 and len(next(iter(seeds))) >= 2 and all(a.sd_seed is None for a in arms)
+
+def seed_blocked(terms: Sequence[tuple[float, Arm]], label: str = "", level: float = LEVEL) -> Estimate | None:
+    """The contrast `sum(w * arm.mean)` blocked by seed, when every arm names the same 2+ `seeds` and has its own
+    spread (else None). Seed noise: the variance of the per-seed contrast over the seeds (df seeds - 1), so what a
+    seed's subset, order and initialisation do to every arm alike cancels; test-set noise: the variance of the
+    per-image contrast when every accuracy arm carries hits on one test set (paired), else each arm's binomial term;
+    degrees of freedom by Welch-Satterthwaite (the test-set term has infinite df)."""
+    merged = _merged(terms)
+    arms = [a for _, a in merged]
+    if not _blockable(arms): return None
+    per_seed = sum(w * np.asarray(a.values) for w, a in merged)
+    k = len(per_seed)
+    v_seed = float(np.var(per_seed, ddof=1)) / k
+    pv = _paired_part(merged)
+    v_test = float(np.var(pv, ddof=1)) / pv.size if pv is not None else sum(w * w * a.test_var() for w, a in merged)
+    var = v_seed + v_test
+    df = var * var / (v_seed * v_seed / (k - 1)) if v_seed > 0 else math.inf
+    tests = sorted({a.n_test for a in arms if a.n_test})
+    n = f"{k} seeds each, blocked by seed" + ((", paired on test n=" if pv is not None else ", test n=") +
+                                              "/".join(map(str, tests)) if tests else "")
+    return Estimate(label or " ".join(f"{w:+g}*{a.name}" for w, a in merged), float(per_seed.mean()), math.sqrt(var),
+                    df, n, level)
+
+def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float = LEVEL) -> Estimate:
+    """The linear contrast `sum(w * arm.mean)` with Welch-Satterthwaite degrees of freedom. An arm listed twice
+    has its weights added (so `copy - scratch - r (ft - scratch)` counts scratch's noise once). Arms of the same 2+
+    `seeds` are blocked by seed (`seed_blocked`). When every arm with test-set noise carries per-image hits
+    (`Arm.hits`), the test-set term is the variance of the per-image contrast over N images (paired, as
+    `paired_difference`) instead of a sum of independent binomial terms."""
+    if (blocked := seed_blocked(terms, label, level)) is not None: return blocked
+    merged = _merged(terms)
     effect = sum(w * a.mean for w, a in merged)
     # arms borrowing one pooled sd share a single variance estimate: its df counts once in Welch-Satterthwaite
     groups: dict = {}
@@ -173,8 +216,8 @@ def contrast(terms: Sequence[tuple[float, Arm]], label: str = "", level: float =
                     _seeds_text([a for _, a in merged], pv is not None), level)
 
 def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimate:
-    """`mean(a) - mean(b)` with its interval (Welch's t when both arms have several seeds and no test-set noise;
-    paired on the test images when both carry per-image hits)."""
+    """`mean(a) - mean(b)` with its interval (blocked by seed when both arms name the same 2+ seeds; else Welch's t when
+    both have several seeds and no test-set noise; paired on the test images when both carry per-image hits)."""
     return contrast([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
 # %% ../nbs/17_verdicts.ipynb #348eb0de
@@ -274,16 +317,23 @@ def gap_fraction(base: Arm, method: Arm, target: Arm, at_least: float, label: st
     va, vb = a.se ** 2, b.se ** 2
     # cov(method - base, target - base): the shared baseline's seed noise, plus the test-set covariance (per image
     # when the arms carry hits, else the baseline's binomial term)
+    # (blocked by seed when all three name the same seeds: the covariance of the per-seed differences instead)
     pa, pb = _paired_part([(1, method), (-1, base)]), _paired_part([(1, target), (-1, base)])
     paired = pa is not None and pb is not None
-    c = base.seed_var()[0] + (float(np.cov(pa, pb, ddof=1)[0, 1]) / pa.size if paired else base.test_var())
+    blocked = _blockable([base, method, target])
+    if blocked:
+        da, db = (np.asarray(x.values) - np.asarray(base.values) for x in (method, target))
+        c = float(np.cov(da, db, ddof=1)[0, 1]) / base.n
+    else:
+        c = base.seed_var()[0]
+    c += float(np.cov(pa, pb, ddof=1)[0, 1]) / pa.size if paired else base.test_var()
     f = a.effect / b.effect if b.effect != 0 else math.nan
     f0 = f if math.isfinite(f) else 0.0
     df = contrast([(1, method), (-1, base), (-f0, target), (f0, base)]).df   # df of the contrast at the estimate
     t = _tcrit(0.5 + level / 2, df)
     # (a - r b)^2 = t^2 (va + r^2 vb - 2 r c)  ->  A r^2 - 2 B r + C = 0
     A, B, C = b.effect ** 2 - t * t * vb, a.effect * b.effect - t * t * c, a.effect ** 2 - t * t * va
-    n = _seeds_text([base, method, target], paired)
+    n = a.n if blocked else _seeds_text([base, method, target], paired)
     name = label or f"({method.name} - {base.name}) / ({target.name} - {base.name})"
     if A <= 0 or vb == 0 and b.effect == 0:
         lo, hi = -math.inf, math.inf
@@ -388,18 +438,13 @@ def arm_agreement(a: Arm, b: Arm, within: float | None = None, tolerance: float 
     return Agreement(a.name, b.name, between, float(within), same, len(cross), len(pairs), float(tolerance))
 
 def seed_blocked_difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimate | None:
-    """`mean(a) - mean(b)` blocked by seed, for two arms of the same 2+ seeds in one order with per-image hits on one
-    test set: seed noise from the spread of the per-seed differences (what a seed's data order and initialisation do
-    to both arms cancels), test-set noise from the per-image difference. None where the arms do not allow it."""
+    """`mean(a) - mean(b)` blocked by seed (`seed_blocked`), for two arms of the same 2+ seeds with per-image hits on
+    one test set: their `seeds`, or, where an arm does not name them, its values taken in the other's seed order. None
+    where the arms do not allow it."""
     if a.n != b.n or a.n < 2 or a.hits is None or b.hits is None or a.hits.shape[1] != b.hits.shape[1]: return None
-    d = np.asarray(a.values) - np.asarray(b.values)
-    v_seed = float(np.var(d, ddof=1)) / a.n
-    pv = 100.0 * (a.hits.mean(0) - b.hits.mean(0))
-    v_test = float(np.var(pv, ddof=1)) / pv.size
-    var = v_seed + v_test
-    df = var * var / (v_seed * v_seed / (a.n - 1)) if v_seed > 0 else math.inf
-    return Estimate(label or f"{a.name} - {b.name}", float(d.mean()), math.sqrt(var), df,
-                    f"{a.n} seeds each, blocked by seed, paired on test n={pv.size}", level)
+    order = a.seeds or b.seeds or tuple(range(a.n))
+    a, b = (x if x.seeds else replace(x, seeds=order) for x in (a, b))
+    return seed_blocked([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", level)
 
 def arms_differ(a: Arm, b: Arm, within: float | None = None, tolerance: float | None = None,
                 fix: str = INERT_FIX) -> Verdict:

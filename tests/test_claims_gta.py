@@ -1,6 +1,7 @@
 """The claim functions of `attnrepro.gta` on the GTA paper's own printed numbers (papers/gta/reported): each claim
 must hold there, and a contradicting input must not. The extraction lost the bodies of Tables 2-5, so claims 2-5 are
 checked on what the prose states, written as exact numbers (said at each test)."""
+import dataclasses
 import math
 
 import pandas as pd
@@ -211,7 +212,9 @@ def test_seed_blocking_removes_what_a_seed_does_to_both_arms():
     gta = _arm("gta", _hit_rows([38.0, 40.0, 39.0], N, 1, BASE_HITS, flip=0.3))
     blocked = seed_blocked([(1.0, gta), (-1.0, BASE)])
     assert abs(blocked.effect + 2.0) < 1e-9 and "blocked by seed" in blocked.n and "paired on test" in blocked.n
-    assert blocked.ci_high < 0 and blocked.half_width < difference(gta, BASE).half_width / 2
+    unblocked = difference(dataclasses.replace(gta, seeds=()), dataclasses.replace(BASE, seeds=()))
+    assert blocked.ci_high < 0 and blocked.half_width < unblocked.half_width / 2
+    assert difference(gta, BASE).half_width == blocked.half_width   # the library's difference blocks them too
     v = claim_gain_shrinks_with_data({"out": {0.15: gta}}, {"out": {0.15: BASE}})
     # the rate itself is decided (the one-rate trend is untestable, and "does not hold" outranks it)
     assert v.verdict == "does not hold" and "GTA - baseline = -2.00" in v.statement and "no trend" in v.statement

@@ -238,3 +238,45 @@ def test_paper_run_claim_applies_preconditions(tmp_path):
     assert v.verdict == "untestable" and "scratch top-1 30.00 is below its floor 40" in pr.claims[-1]["evidence"]
     pr.pre = []
     assert pr.claim("3", "A beats B", claim).verdict == "holds" and "precondition" not in pr.claims[-1]["evidence"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_arms_of_the_same_seeds_are_blocked_by_seed_as_scipy_ttest_rel(seed):
+    rng = np.random.default_rng(seed)
+    shared = rng.normal(0, 3, size=3 + seed)           # what a seed's data and initialisation do to both arms
+    x, y = 40 + shared + rng.normal(0, 0.3, shared.size), 38 + shared + rng.normal(0, 0.3, shared.size)
+    seeds = list(range(10, 10 + shared.size))
+    ci = stats.ttest_rel(x, y).confidence_interval(0.95)
+    d = difference(arm(x, "x", seeds=seeds), arm(y, "y", seeds=seeds))
+    assert d.ci_low == pytest.approx(ci.low, abs=1e-9) and d.ci_high == pytest.approx(ci.high, abs=1e-9)
+    assert d.df == shared.size - 1 and "blocked by seed" in d.n
+    # unblocked (no seeds named), the shared seed effect stays in both arms' spread: a wider interval
+    assert difference(arm(x, "x"), arm(y, "y")).half_width > d.half_width
+
+
+def test_blocking_needs_the_same_seeds_and_own_spread():
+    a, b = arm([40.0, 42.0, 41.0], "a", seeds=[0, 1, 2]), arm([38.0, 40.5, 39.0], "b", seeds=[3, 4, 5])
+    assert "blocked" not in difference(a, b).n                      # other seeds: independent arms (Welch)
+    lone = arm([39.0], "lone", sd_seed=1.0, sd_df=4, seeds=[0])
+    assert "blocked" not in difference(a, lone).n                  # a borrowed spread cannot be blocked
+    # a three-arm contrast: the per-seed contrast's spread, scratch counted once
+    s = arm([30.0, 31.0, 29.0], "s", seeds=[0, 1, 2])
+    b0 = arm([38.0, 40.5, 39.0], "b", seeds=[0, 1, 2])
+    e = contrast([(1, a), (-0.5, s), (-0.5, b0)], "a - mean(s, b)")
+    per_seed = np.array([40 - 34, 42 - 35.75, 41 - 34.0])
+    assert e.effect == pytest.approx(per_seed.mean()) and e.se == pytest.approx(per_seed.std(ddof=1) / math.sqrt(3))
+    with pytest.raises(ValueError, match="seeds"):
+        arm([1.0, 2.0], "twice", seeds=[0, 0])
+    with pytest.raises(ValueError, match="seeds"):
+        arm([1.0, 2.0], "short", seeds=[0])
+
+
+def test_gap_fraction_of_arms_of_the_same_seeds_is_blocked_by_seed():
+    # every seed moves all three arms alike: blocked, the fraction is exactly 0.5; unblocked, the seed spread hides it
+    seeds = [0, 1, 2]
+    base, method, target = ([v + s for s in (0.0, 10.0, 20.0)] for v in (10.0, 15.0, 20.0))
+    v = gap_fraction(arm(base, "s", seeds=seeds), arm(method, "m", seeds=seeds), arm(target, "t", seeds=seeds), 0.4)
+    assert v.verdict == "holds" and v.ci_low == pytest.approx(0.5) and v.ci_high == pytest.approx(0.5)
+    assert "blocked by seed" in v.n
+    u = gap_fraction(arm(base, "s"), arm(method, "m"), arm(target, "t"), 0.4)
+    assert u.verdict == "inconclusive" and "blocked" not in u.n
