@@ -39,9 +39,9 @@ __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZA
            'regime_config', 'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run',
            'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes',
            'plot_link_evolution', 'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words',
-           'hit_arm', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps', 'table_3',
-           'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped', 'table_5',
-           'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
+           'hit_arm', 'seeded', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps',
+           'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped',
+           'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
            'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
            'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data', 'check_gap',
            'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda',
@@ -1292,7 +1292,7 @@ import pandas as pd
 
 from .report import load_reported, side_by_side
 from .evaluate import MAXBOXACC_GT_ENDS, whole_image_box_acc
-from .verdicts import arm, arm_agreement, mean_ci, pilot_table, pooled_sd
+from .verdicts import arm, arm_agreement, mean_ci, pilot_table, pooled_sd, result_seeds
 
 def _sweep_parts(recipe: Mapping) -> tuple:
     "The sweep spec, its student and its (map) teacher of a profile."
@@ -1330,7 +1330,12 @@ def hit_arm(runs: Sequence[Mapping], name: str, **sd):
     """The top-1 arm of one row's runs carrying their per-image hits where every run kept them (then its differences
     are paired on the test images, and `verdicts.arms_differ` can tell whether it is inert); `sd`: a borrowed spread."""
     hits = [r["correct"] for r in runs] if all(r.get("correct") for r in runs) else None
-    return arm([r["top1"] for r in runs], name, n_test=runs[0].get("n_val"), hits=hits, **sd)
+    return arm([r["top1"] for r in runs], name, n_test=runs[0].get("n_val"), hits=hits, seeds=result_seeds(runs), **sd)
+
+def seeded(config: Mapping, result: Mapping) -> dict:
+    """A run's result labelled with its seed (`train.seed`: the model's initialisation and the data order; the subset
+    is drawn by `data.subset_seed`), so that arms of the same seeds are blocked by seed (`Arm.seeds`)."""
+    return dict(result, seed=config["train"]["seed"])
 
 @dataclass
 class SelectiveLinks:
@@ -1861,8 +1866,8 @@ class SweepArms:
 
     @staticmethod
     def unpooled(rs: Sequence[Mapping], name: str, **sd):
-        "The top-1 arm of one row's runs, with the test-set size of its first run."
-        return arm([r["top1"] for r in rs], name, n_test=rs[0]["n_val"], **sd)
+        "The top-1 arm of one row's runs, with the test-set size of its first run and their seeds."
+        return arm([r["top1"] for r in rs], name, n_test=rs[0]["n_val"], seeds=result_seeds(rs), **sd)
 
     def arm(self, rs: Sequence[Mapping], name: str):
         "The top-1 arm of one row's runs, borrowing the pooled sd when it has one seed."
@@ -2039,8 +2044,9 @@ def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, li
     if not {"AAL full link", "DeiT"} <= set(reach_of):   # e.g. a dry run: one evaluation per run, no curve
         return (CLAIM_TEXTS["5_convergence"].format(target=f"{target:.2f} % top-1"),
                 untestable("Figure 3's AAL and DeiT runs have fewer than two evaluations: no learning curve"), "")
-    aal_reach = arm(reach_of["AAL full link"], "AAL")
-    deit_reach = arm(reach_of["DeiT"], "DeiT",
+    seeds = {k: result_seeds(curves[k]) if len(curves[k]) == len(reach_of[k]) else () for k in ("AAL full link", "DeiT")}
+    aal_reach = arm(reach_of["AAL full link"], "AAL", seeds=seeds["AAL full link"])
+    deit_reach = arm(reach_of["DeiT"], "DeiT", seeds=seeds["DeiT"],
                      **(dict(zip(("sd_seed", "sd_df"), pooled_sd([aal_reach]))) if len(reach_of["DeiT"]) == 1 and aal_reach.n > 1 else {}))
     horizon = max(r["curve"][-1]["epoch"] for r in curves["DeiT"]) + 1
     text = CLAIM_TEXTS["5_convergence"].format(

@@ -569,14 +569,14 @@ class HitArm(Arm):
     correct: tuple = ()
 
 def hit_arm(values, correct, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
-            sd_df: float | None = None) -> HitArm:
-    "A `HitArm` from per-seed values and their per-image hits (`correct`, one entry per seed)."
+            sd_df: float | None = None, seeds=()) -> HitArm:
+    "A `HitArm` from per-seed values and their per-image hits (`correct`, one entry per seed), and the `seeds`."
     values = tuple(float(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
     correct = tuple(correct)
     if len(correct) != len(values):
         raise ValueError(f"hit_arm {name!r}: {len(values)} values but {len(correct)} per-image hit arrays; "
                          "pass one per seed, in the same order")
-    return HitArm(values, name, n_test, sd_seed, sd_df, correct, hits=correct)
+    return HitArm(values, name, n_test, sd_seed, sd_df, correct, hits=correct, seeds=tuple(seeds))
 
 def compare(a: Arm, b: Arm, label: str = "") -> Estimate:
     """`mean(a) - mean(b)`: paired on the shared test images (`paired_difference`) when both arms carry per-image
@@ -1027,12 +1027,13 @@ def table_figure_6(recipe: Mapping, head: Mapping, teacher_q: Mapping, n_train: 
         f"seeds {P['headline']['seeds']} ({P['headline']['train']['epochs']} epochs over {n_train} images{recipe_note}). "
         "Paper values: in the main paper's Table 2 (not in the seed).")
 
-def runs_arm(runs: list, key: str, layer: int, name: str, n_test: int, **noise) -> Arm:
-    "An Arm over runs (seeds); a HitArm, compared paired, when every run stored its per-image hits (`*_correct`)."
+def runs_arm(runs: list, key: str, layer: int, name: str, n_test: int, seeds=(), **noise) -> Arm:
+    """An Arm over runs (of `seeds`, in order: arms of the same seeds are blocked by seed); a HitArm, compared paired,
+    when every run stored its per-image hits (`*_correct`)."""
     ev = [r["eval"][str(layer)] for r in runs]
     vals, hits = [e[key] for e in ev], [e.get(key.replace("_top1", "_correct")) for e in ev]
-    if all(h is not None for h in hits): return hit_arm(vals, hits, name, n_test=n_test, **noise)
-    return arm(vals, name, n_test=n_test, **noise)
+    if all(h is not None for h in hits): return hit_arm(vals, hits, name, n_test=n_test, seeds=seeds, **noise)
+    return arm(vals, name, n_test=n_test, seeds=seeds, **noise)
 
 def table_figure_7(recipe: Mapping, curves: Mapping[str, Mapping]) -> tuple[pd.DataFrame, str]:
     "Figure 7 as numbers: each MAE curve {who: mae_curve_run result} per evaluated epoch. Returns (table, caption)."
@@ -1067,7 +1068,7 @@ class ShortRows:
         self.P, self.rows, self.short, self.ref_runs, self.n_val = recipe, rows, short, ref_runs, n_val
         self.ref_seeds = recipe["short"].get("ref_seeds", [0])
         self.opts = variants(recipe)
-        self.ref = {(v, k): runs_arm(self.runs(v), k, 0, f"{v} short", n_test=n_val)
+        self.ref = {(v, k): runs_arm(self.runs(v), k, 0, f"{v} short", n_test=n_val, seeds=self.ref_seeds)
                     for v in REF_VARS for k in ("lp_top1", "knn20_top1")}
         one = len(self.ref_seeds) <= 1
         self.spread = {k: None if one else pooled_sd([self.ref[v, k] for v in REF_VARS]) for k in ("lp_top1", "knn20_top1")}

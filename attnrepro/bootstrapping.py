@@ -1126,7 +1126,8 @@ def headline_arms(run: Callable, ds: str, seeds: Sequence[int]) -> dict[str, Arm
     for k, m, key, name, loss in HEADLINE:
         rs = [run(m, ds=ds, seed=s, **loss) for s in seeds]
         hits = [r.get(HITS_FIELD[key]) for r in rs]
-        out[k] = arm([r[key] for r in rs], name, n_test=n, hits=hits if all(h is not None for h in hits) else None)
+        out[k] = arm([r[key] for r in rs], name, n_test=n, hits=hits if all(h is not None for h in hits) else None,
+                     seeds=seeds)   # a seed fixes init and data order in every row alike: blocked by seed
     return out
 
 class SeedNoise:

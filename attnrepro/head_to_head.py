@@ -14,7 +14,7 @@ import pandas as pd
 
 from .experiment import Experiment, experiment_data, run_experiment
 from .verdicts import (Arm, Verdict, all_of, arm, arm_agreement, arms_differ, contrast, difference, gate,
-                                greater, provided, untestable)
+                                greater, provided, result_seeds, untestable)
 
 # %% auto #0
 __all__ = ['GROUPS', 'CLAIMS', 'COMPOSITION_PARTS', 'CLS_ROW_METHODS', 'DRY_IMAGES', 'COLORS', 'experiment', 'run_fn', 'grid',
@@ -63,10 +63,12 @@ def grid(P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> lis
             for r in (rows or P["rows"]) for s in (seeds or P["seeds"])]
 
 def collect(pr, P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> dict[str, list[dict]]:
-    "{row name: its runs' results, seed by seed}: the grid trained (or read from the cache) through `pr.run_many`."
+    """{row name: its runs' results, seed by seed, each labelled with its `seed` (rows of the same seeds are then
+    blocked by seed)}: the grid trained (or read from the cache) through `pr.run_many`."""
     rows, seeds = list(rows or P["rows"]), list(seeds or P["seeds"])
     res = pr.run_many(grid(P, rows, per_class, seeds), partial(run_fn, progress=bool(P.get("progress", False))))
-    return {r["name"]: res[i * len(seeds):(i + 1) * len(seeds)] for i, r in enumerate(rows)}
+    return {r["name"]: [dict(x, seed=s) for x, s in zip(res[i * len(seeds):(i + 1) * len(seeds)], seeds)]
+            for i, r in enumerate(rows)}
 
 def table_rows(P: Mapping) -> pd.DataFrame:
     "The rows as configured: what each method is given, its registered name, teacher(s) and options."
@@ -79,9 +81,11 @@ def table_rows(P: Mapping) -> pd.DataFrame:
 
 # %% ../nbs/23_head_to_head.ipynb #519a45b6
 def row_arm(results: list[dict], name: str) -> Arm:
-    "The top-1 of a row over its seeds, with each seed's per-image hits (contrasts with other rows are paired)."
+    """The top-1 of a row over its seeds, with each seed's per-image hits (contrasts with other rows are paired) and
+    its seeds (`collect` labels each result: contrasts with rows of the same seeds are blocked by seed)."""
     hits = [r.get("correct") for r in results]
-    return arm([r["top1"] for r in results], name, hits=hits if all(h is not None for h in hits) else None)
+    return arm([r["top1"] for r in results], name, hits=hits if all(h is not None for h in hits) else None,
+               seeds=result_seeds(results))
 
 def _devices(results) -> list[str]:
     return sorted({str(r.get("device")) for r in results})

@@ -32,8 +32,9 @@ __all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_t
            'random_init_quality', 'teacher_quality', 'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets',
            'quality_kwargs', 'train_teacher_run', 'gate_sets', 'gate_run', 'plot_cls_attention',
            'published_checkpoints', 'teacher_names', 'teacher_plan', 'random_init_run', 'saved_teacher_matches',
-           'teacher_summary', 'quality_table', 'manifest_table', 'check_beats_random', 'gates_table', 'gate_pilot',
-           'plot_loss_curves', 'spread_indices', 'attention_objects_table']
+           'teacher_summary', 'quality_table', 'manifest_table', 'teacher_words', 'quality_regime',
+           'check_beats_random', 'gates_table', 'gate_pilot', 'plot_loss_curves', 'spread_indices',
+           'attention_objects_table']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -832,6 +833,18 @@ def manifest_table(results: Mapping[str, Mapping], profile: str) -> tuple[pd.Dat
     return manifest, ("Saved teachers (fp16 safetensors); the json beside each file holds the full "
                       "manifest entry (data, recipe, epochs, wall time, loss curve, git commit, sha256, quality).")
 
+def teacher_words(recipe: Mapping, name: str, result: Mapping) -> str:
+    "A built teacher in words, for a claim's regime: algorithm, epochs, images, resolution and shape."
+    a, d = recipe["arch"], recipe["teachers"][name]["data"]
+    return (f"teacher {name}: {str(result.get('algorithm', '')).upper()} pre-trained {result['epochs']:g} epochs on "
+            f"{result['n_images']:,} {d['name']} {d.get('split', 'train')} images at {a['img_size']} px (ViT "
+            f"{a['embed_dim']}/{a['depth']}/{a['num_heads']}, patch {a['patch_size']})")
+
+def quality_regime(recipe: Mapping, name: str, result: Mapping, n_quality: int) -> str:
+    "The regime of a teacher's quality claim: the teacher, and the k-NN / linear probe's data."
+    return (f"{teacher_words(recipe, name, result)}; k-NN and linear probe on {n_quality:,} {recipe['quality']['data']} "
+            "val images")
+
 def check_beats_random(name: str, q: Mapping, n_quality: int) -> tuple[str, Verdict]:
     """A teacher's claim and verdict: it beats the random ViT on both k-NN and linear probe; one trained model, so the
     interval is the test-set noise of `n_quality` val images only."""
@@ -842,9 +855,10 @@ def check_beats_random(name: str, q: Mapping, n_quality: int) -> tuple[str, Verd
 
 def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapping[tuple, Mapping],
                 cls_entropy: Mapping[str, Mapping] | None = None) -> tuple:
-    """The gates table, its caption and the fine-tuning gate claims [(id, text, verdict, evidence)]: the SSL teachers'
-    k-NN / linear ratio to random init, per gate task fine-tune - scratch against the margin over seeds
-    (`gate_runs` by (task, teacher or None, seed)), and, with `gates.cls_entropy_max`, how flat each teacher's
+    """The gates table, its caption and the fine-tuning gate claims [(id, text, verdict, evidence, regime)]: the SSL
+    teachers' k-NN / linear ratio to random init, per gate task fine-tune - scratch against the margin over seeds
+    (`gate_runs` by (task, teacher or None, seed); a seed fixes the head's initialisation and the data order of both
+    arms, so the difference is blocked by seed), and, with `gates.cls_entropy_max`, how flat each teacher's
     last-block CLS row is (`cls_entropy`: {teacher: attnrepro.attention.cls_row_entropy(...)}): GTA guides that row
     and Attention Copy's student reads the class from it, so a nearly uniform row has nothing to transfer there."""
     G = recipe["gates"]
@@ -868,7 +882,8 @@ def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapp
             if (task_name, name, G["seeds"][0]) not in gate_runs: continue
             accs = {t: [gate_runs[(task_name, t, s)]["acc1"] for s in G["seeds"]] for t in (None, name)}
             n_val = gate_runs[(task_name, None, G["seeds"][0])]["n_val"]
-            gain = difference(arm(accs[name], "fine-tune", n_test=n_val), arm(accs[None], "scratch", n_test=n_val))
+            gain = difference(arm(accs[name], "fine-tune", n_test=n_val, seeds=G["seeds"]),
+                              arm(accs[None], "scratch", n_test=n_val, seeds=G["seeds"]))
             v = greater(gain, margin=G["finetune_margin"])
             # a gain below the margin may still be a gain: say whether it is one at all
             at_all = "" if v.holds else f"; whether it helps at all (gain > 0): {greater(gain).verdict}"
@@ -877,8 +892,16 @@ def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapp
                              verdict={"holds": "met", "does not hold": "not met"}.get(v.verdict, v.verdict),
                              shortfall="" if v.verdict == "holds" else
                              f"upper bound {v.ci_high:+.2f} vs the {G['finetune_margin']:g}-point margin"))
+            tt, td, steps = task.get("train", {}), task.get("data", {}), gate_runs[(task_name, name, G["seeds"][0])].get("steps")
+            regime = "; ".join(x for x in (
+                " ".join(x for x in (f"{tt['epochs']:g} epochs" if "epochs" in tt else "",
+                                     f"({steps} steps)" if steps else "", f"on {td['name']}" if "name" in td else "",
+                                     f"({td['per_class']} train images per class)" if td.get("per_class") else "") if x)
+                + f", scored on {n_val:,} test images",
+                teacher_words(recipe, name, results[name]) if "epochs" in results[name] else f"teacher {name}") if x)
             claims.append((f"gate_{task_name}_{name}", f"fine-tuning {name} beats scratch by >= {G['finetune_margin']:g} "
-                           f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}{at_all}"))
+                           f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}{at_all}",
+                           regime))
     gates = pd.DataFrame(rows)
     why = G.get("why_not_met") or {}   # the measured shortfall's reason, per teacher, written in the profile
     gates["why (not met)"] = [why.get(r.teacher, "") if r.verdict != "met" else "" for r in gates.itertuples()]

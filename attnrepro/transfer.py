@@ -963,7 +963,7 @@ def plot_attention_maps(vis: Mapping, idx: Sequence[int], blocks: Sequence[int],
 
 # %% ../nbs/14_transfer.ipynb #295d5072
 from .report import load_profile, load_reported, side_by_side
-from .verdicts import arm, mean_ci, pilot_table, pooled_sd, unpack_correct
+from .verdicts import arm, mean_ci, pilot_table, pooled_sd, result_seeds, unpack_correct
 
 PAPER = "attention_transfer"   # its reported numbers: papers/attention_transfer/reported/<table>.csv
 NOT_OFFLINE = "not reproducible offline: "
@@ -971,9 +971,7 @@ NOT_OFFLINE = "not reproducible offline: "
 def hits_arm(results: list, name: str, **kw) -> Arm:
     """An `Arm` of one row's per-seed results; their per-image hits pair it with every other such row (same test set),
     and their seeds (`run_grid` labels each result) block it by seed with every row of the same seeds."""
-    seeds = [r.get("seed") for r in results]
-    return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results],
-               seeds=seeds if None not in seeds else (), **kw)
+    return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results], seeds=result_seeds(results), **kw)
 
 def ci_text(est) -> str:
     "An effect as the tables print it: `+1.23 [+0.45, +2.01]` (its 95 % interval)."

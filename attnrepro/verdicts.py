@@ -13,10 +13,10 @@ from scipy import stats
 
 # %% auto #0
 __all__ = ['VERDICTS', 'LEVEL', 'POWER', 'INERT_TOLERANCE', 'INERT_SHARE', 'INERT_FIX', 'IDENTICAL_AGREEMENT', 'Arm', 'arm',
-           'reported', 'pooled_sd', 'Estimate', 'seed_blocked', 'contrast', 'difference', 'pack_correct',
-           'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable', 'gap_fraction',
-           'all_of', 'provided', 'agreement', 'Agreement', 'arm_agreement', 'seed_blocked_difference', 'arms_differ',
-           'gate', 'at_least', 'floors', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
+           'result_seeds', 'reported', 'pooled_sd', 'Estimate', 'seed_blocked', 'contrast', 'difference',
+           'pack_correct', 'unpack_correct', 'paired_difference', 'Verdict', 'greater', 'less', 'within', 'untestable',
+           'gap_fraction', 'all_of', 'provided', 'agreement', 'Agreement', 'arm_agreement', 'seed_blocked_difference',
+           'arms_differ', 'gate', 'at_least', 'floors', 'gap_resolved', 'mean_ci', 'seeds_needed', 'pilot_table']
 
 # %% ../nbs/17_verdicts.ipynb #7d8a0f39
 VERDICTS = ("holds", "does not hold", "inconclusive", "untestable")
@@ -93,6 +93,12 @@ def arm(values, name: str = "", n_test: int | None = None, sd_seed: float | None
     "An `Arm` from a value or a list of per-seed values (and, optionally, each seed's per-image hits and the seeds)."
     return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df, hits=hits,
                seeds=tuple(seeds))
+
+def result_seeds(results: Iterable[Mapping]) -> tuple:
+    """The seeds of one row's per-seed results, each labelled `seed` by the grid that ran it, in order (for
+    `Arm.seeds`); () where a result lacks the label or a seed repeats: such a row is not blocked by seed."""
+    seeds = [r.get("seed") for r in results]
+    return tuple(seeds) if seeds and None not in seeds and len(set(seeds)) == len(seeds) else ()
 
 def reported(value: float, name: str = "") -> Arm:
     "A paper's printed number, taken as exact: comparisons of reported numbers are decided by their sign alone."
@@ -251,13 +257,14 @@ def _hits(correct, who: str = "paired_difference") -> np.ndarray:
 def paired_difference(a: Arm, b: Arm, correct_a, correct_b, label: str = "", level: float = LEVEL) -> Estimate:
     """`mean(a) - mean(b)` for two arms scored on the same test images: `correct_a` / `correct_b` hold each seed's
     per-image top-1 hits (arrays or `pack_correct` strings), in the order of `a.values` / `b.values` (percent
-    accuracies). Seed noise as in `difference` (own or borrowed sd); test-set noise from the per-image difference."""
+    accuracies). Seed noise as in `difference` (own or borrowed sd; blocked by seed when both name the same seeds);
+    test-set noise from the per-image difference."""
     A, B = _hits(correct_a), _hits(correct_b)
     if A.shape[1] != B.shape[1]:
         raise ValueError(f"paired_difference: {a.name!r} was scored on {A.shape[1]} images, {b.name!r} on {B.shape[1]}: "
                          "a paired comparison needs the same test set")
     # the arms with their hits: `difference` then pairs the test-set term (Arm validates the hits against the values)
-    ah, bh = (Arm(x.values, x.name, None, x.sd_seed, x.sd_df, hits=H) for x, H in ((a, A), (b, B)))
+    ah, bh = (Arm(x.values, x.name, None, x.sd_seed, x.sd_df, hits=H, seeds=x.seeds) for x, H in ((a, A), (b, B)))
     return difference(ah, bh, label or f"{a.name} - {b.name}", level)
 
 # %% ../nbs/17_verdicts.ipynb #4d8ee0cb

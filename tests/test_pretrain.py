@@ -381,9 +381,9 @@ def test_teachers_tables_and_gates_from_results():
     runs = {("cifar", who, s): dict(acc1=a + d, n_val=10_000) for s, d in enumerate((0.0, 0.3, -0.2))
             for who, a in ((None, 45.0), (t, 47.0))}
     _, _, claims = gates_table(dict(P, gates=G), {t: results[t]}, runs)
-    (cid, _, v, evidence), = claims
+    (cid, _, v, evidence, regime), = claims
     assert cid == f"gate_cifar_{t}" and v.verdict == "does not hold"
-    assert evidence.endswith("whether it helps at all (gain > 0): holds")
+    assert evidence.endswith("whether it helps at all (gain > 0): holds") and "test images" in regime
     assert teacher_names(P, [], "smoke") == list(P["teachers"])
     with pytest.raises(ValueError, match="unknown teachers"):
         teacher_names(P, ["nope"], "smoke")
