@@ -714,6 +714,7 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
 from .attention import attention_maps
 from .data import denormalize
 from .models import load_teacher
+from .transfer import build_transfer   # the methods alone: transfer imports nothing from here
 
 def gate_sets(recipe: Mapping, task: Mapping):
     "(train subset with the task's augmentation, test set) of a gate task of `recipe`, at the teachers' resolution."
@@ -727,7 +728,6 @@ def gate_sets(recipe: Mapping, task: Mapping):
 def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir, progress: bool | None = None) -> dict:
     """One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher.
     `progress`: as `train_teacher_run`'s."""
-    from attnrepro.transfer import build_transfer   # transfer imports this module
     task, name = config["task"], config["teacher"]
     tr, va = gate_sets(recipe, task)
     teacher = load_teacher(name, teacher_dir=teacher_dir) if name else None

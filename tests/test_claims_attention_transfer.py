@@ -1,4 +1,4 @@
-"""The claim functions of `attnrepro.transfer` on the paper's own printed numbers (papers/attention_transfer/reported):
+"""The claim functions of `attnrepro.papers.attention_transfer` on the paper's own printed numbers (papers/attention_transfer/reported):
 each claim must hold there, with and without the inert-arm check (printed numbers carry no per-image hits, so the check
 compares their scores). A fair test before a verdict: an inert pair, a failed teacher gate or an unresolved gap makes
 a claim untestable, never "does not hold". The committed mini runs are read where a check is about them (3-epoch copy Q
@@ -10,7 +10,7 @@ import pytest
 
 from attnrepro.core import project_root
 from attnrepro.report import load_reported
-from attnrepro.transfer import (CLAIM_TEXTS, InertCheck, claim_aggregation_hurts_most, claim_copy_closes_gap,
+from attnrepro.papers.attention_transfer import (CLAIM_TEXTS, InertCheck, claim_aggregation_hurts_most, claim_copy_closes_gap,
                                 claim_distill_matches_finetune, claim_ensemble_adds_over_scratch,
                                 claim_ensemble_beats_finetune, claim_more_and_later_layers, claim_q_beats_k_v,
                                 ensemble_arm, finetune_gate, hits_arm)

@@ -276,7 +276,7 @@ def test_teacher_stops_after_the_last_needed_block(build, x):
 def test_paper_figures_and_corruptions():
     "Figures 1 and 3-7 from result-shaped data; each corruption keeps the batch's shape; a dry run scores a few images."
     import numpy as np
-    from attnrepro import transfer as tr
+    from attnrepro.papers import attention_transfer as tr
     x = torch.randn(2, 3, 8, 8)
     for name, f in tr.CORRUPTIONS.items():
         assert f(x, torch.Generator().manual_seed(0)).shape == x.shape, name
@@ -308,7 +308,7 @@ def _fake_runs(p, seeds=2, n=2000, seed=0):
 
 
 def test_run_grid_is_seed_major_and_keeps_each_rows_seeds():
-    from attnrepro.transfer import TransferRuns
+    from attnrepro.papers.attention_transfer import TransferRuns
     tr = TransferRuns.__new__(TransferRuns)   # only run_grid's own logic: run_all answers with the configs it got
     tr.run_all = lambda cfgs: [dict(c) for c in cfgs]
     got = tr.run_grid(lambda row, s: {"row": row, "seed": s}, ["a", "b"], [2, 0])
@@ -321,7 +321,7 @@ def test_run_grid_is_seed_major_and_keeps_each_rows_seeds():
 
 
 def test_sweep_borrows_table_1s_spread_with_one_seed_and_builds_tables():
-    from attnrepro.transfer import Sweep, hits_arm, table_12_aggregated, table_3_partial
+    from attnrepro.papers.attention_transfer import Sweep, hits_arm, table_12_aggregated, table_3_partial
     P = dict(sweeps=dict(schedule="sw", claim_seeds=[0]), recipes=dict(sw=dict(train=dict(epochs=3))), proxy_short="toy")
     res = {k: _fake_runs(p, 1, seed=i) for i, (k, p) in enumerate(dict(scratch=.3, **{"fine-tune": .6}, copy=.5, distill=.55,
                                                                       **{"average over examples": .35}).items())}
@@ -337,7 +337,7 @@ def test_sweep_borrows_table_1s_spread_with_one_seed_and_builds_tables():
 
 
 def test_table_1_keeps_the_row_order_and_pairs_each_row_with_scratch():
-    from attnrepro.transfer import hits_arm, table_1
+    from attnrepro.papers.attention_transfer import hits_arm, table_1
     labels = ["scratch", "fine-tune", "attn. copy", "attn. copy from fine-tuned", "attn. distill"]
     A = {k: hits_arm(_fake_runs(p, 2, seed=i), k) for i, (k, p) in enumerate(zip(labels, (.3, .6, .5, .5, .55)))}
     P = dict(main=dict(schedule="s", teacher_key="t"), recipes=dict(s=dict(train=dict(epochs=10))), teachers=dict(t="mae_x"),
@@ -373,7 +373,7 @@ def test_global_pool_avg_is_maes_fine_tuning_and_absent_keeps_the_cls_student():
 
 def test_a_row_whose_recipe_trains_an_ema_reports_the_ema_weights(tmp_path):
     from attnrepro.train import load_checkpoint
-    from attnrepro.transfer import TransferRuns, ema_weights, reports_ema
+    from attnrepro.papers.attention_transfer import TransferRuns, ema_weights, reports_ema
     from attnrepro.verdicts import unpack_correct
     seed_everything(0)
     ds = TensorDataset(torch.randn(24, 3, 32, 32), torch.randint(0, 5, (24,)))
@@ -393,7 +393,7 @@ def test_a_row_whose_recipe_trains_an_ema_reports_the_ema_weights(tmp_path):
 def test_paper_profile_rows_weights_sizes_and_lambda():
     from attnrepro.core import config_hash
     from attnrepro.report import load_profile
-    from attnrepro.transfer import TransferRuns, weights_note
+    from attnrepro.papers.attention_transfer import TransferRuns, weights_note
     P = load_profile("attention_transfer", "paper")
     tr = TransferRuns(P, None)
     note = weights_note(P, tr)
@@ -412,7 +412,7 @@ def test_paper_profile_rows_weights_sizes_and_lambda():
 
 
 def test_sweep_with_one_seed_everywhere_has_no_interval_and_says_so():
-    from attnrepro.transfer import ONE_SEED, Sweep, hits_arm, table_12_aggregated
+    from attnrepro.papers.attention_transfer import ONE_SEED, Sweep, hits_arm, table_12_aggregated
     P = dict(sweeps=dict(schedule="sw", claim_seeds=[0]), recipes=dict(sw=dict(train=dict(epochs=3))), proxy_short="toy")
     res = {k: _fake_runs(p, 1, seed=i) for i, (k, p) in enumerate(dict(scratch=.3, **{"fine-tune": .6}, copy=.5, distill=.55,
                                                                       **{"average over examples": .35}).items())}
