@@ -9,10 +9,10 @@ import pytest
 
 import numpy as np
 
-from attnrepro.gta import (CLAIM_TEXTS, NO_SPREAD, claim_beats_other_methods,
-                           claim_gain_shrinks_with_data, claim_helps_both_sources, claim_logits_beat_other_features,
-                           claim_masks_overlap_better, claim_transmix_boosts_gta_more, not_inert, rate_label, seed_blocked,
-                           seed_spread, seeds_arm, source_gate)
+from attnrepro.papers.gta import (CLAIM_TEXTS, NO_SPREAD, claim_beats_other_methods, claim_gain_shrinks_with_data,
+                                  claim_helps_both_sources, claim_logits_beat_other_features,
+                                  claim_masks_overlap_better, claim_transmix_boosts_gta_more, not_inert, rate_label,
+                                  seed_blocked, seed_spread, seeds_arm, source_gate)
 from attnrepro.report import load_reported
 from attnrepro.verdicts import IDENTICAL_AGREEMENT, arm_agreement, arms_differ, at_least, difference, pooled_sd, reported
 

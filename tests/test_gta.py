@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from attnrepro.gta import (METHODS, StepContext, TransferMethod, bss_loss, cls_attention, frozen_copy,
-                           guidance_loss, guidance_term, l2sp_penalties, mixed_targets, patch_box_mask,
-                           set_finetune_part, target_from_source, transfer_method, transmix_lambda)
+from attnrepro.gta import (METHODS, StepContext, TransferMethod, bss_loss, cls_attention, frozen_copy, guidance_loss,
+                           guidance_term, l2sp_penalties, mixed_targets, patch_box_mask, set_finetune_part,
+                           target_from_source, transfer_method, transmix_lambda)
 from attnrepro.models import create_student
 from attnrepro.train import TrainConfig, fit
 
@@ -444,8 +444,8 @@ def test_table2c_rows_and_paper_figures():
     "Table 2c's rows from a run's gradient-norm log; Figures 1, 3 and 4 from result-shaped data."
     import numpy as np
     import pandas as pd
-    from attnrepro.gta import (grad_norm_rows, grad_norm_summary, plot_attention_masks, plot_attention_overlays,
-                               plot_lambda_sweep)
+    from attnrepro.gta import grad_norm_summary
+    from attnrepro.papers.gta import grad_norm_rows, plot_attention_masks, plot_attention_overlays, plot_lambda_sweep
     log = [dict(step=s, ce=1.0, ce_backbone=0.5, gta=0.01, gta_backbone=0.005) for s in range(3)]
     runs = pd.DataFrame([dict(dataset="cub", method="gta", rate=0.15, coef=0.1, grad_norms=log),
                          dict(dataset="cub", method="baseline", rate=0.15, coef=None, grad_norms=None)])
@@ -464,7 +464,7 @@ def test_table2c_rows_and_paper_figures():
 
 
 def test_batch_and_epochs_fixes_steps_and_handles_a_subset_smaller_than_the_batch():
-    from attnrepro.gta import batch_and_epochs
+    from attnrepro.papers.gta import batch_and_epochs
     assert batch_and_epochs(750, dict(steps=400, batch_size=32)) == (32, 18)   # 23 steps an epoch: 18 epochs >= 400 steps
     with pytest.raises(ValueError, match="555 training images give no batch of 768.*small_subset: whole"):
         batch_and_epochs(555, dict(steps=3000, batch_size=768))
@@ -478,7 +478,7 @@ def test_batch_and_epochs_fixes_steps_and_handles_a_subset_smaller_than_the_batc
 
 def test_paper_profile_trains_pet_at_15_percent():
     "The paper's Oxford-IIIT Pet at 15 % (555 images) is smaller than its batch of 768: the profile must allow it."
-    from attnrepro.gta import batch_and_epochs
+    from attnrepro.papers.gta import batch_and_epochs
     from attnrepro.report import load_profile
     P = load_profile("gta", "paper")
     assert batch_and_epochs(555, P["train"])[0] == 554 and P["train"]["amp"] is True
@@ -486,7 +486,7 @@ def test_paper_profile_trains_pet_at_15_percent():
 
 def test_every_train_key_takes_effect_in_a_fine_tuning_run():
     "Issue #47: `finetune_run` used to copy a fixed list of train keys, dropping betas, label smoothing and clipping."
-    from attnrepro.gta import FINETUNE_DEFAULTS, finetune_train_config
+    from attnrepro.papers.gta import FINETUNE_DEFAULTS, finetune_train_config
     from attnrepro.report import load_profile
     t = dict(steps=10, batch_size=8, lr=1e-4, weight_decay=0.05, drop_path=0.1, randaugment=None, small_subset="whole",
              betas=[0.9, 0.95], label_smoothing=0.1, grad_clip=1.0, amp=True, warmup_epochs=1, min_lr=1e-6)
@@ -512,7 +512,7 @@ def test_every_train_key_takes_effect_in_a_fine_tuning_run():
 
 def test_a_dry_run_analyses_a_handful_of_images(monkeypatch):
     "A dry run times training: its analyses (CLS entropy, mask Jaccard, held-out top-1) take `DRY_RUN_IMAGES` images."
-    from attnrepro.gta import DRY_RUN_IMAGES, dry_run_head
+    from attnrepro.papers.gta import DRY_RUN_IMAGES, dry_run_head
     data = TensorDataset(torch.zeros(50, 1))
     monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
     assert dry_run_head(data) is data
@@ -537,7 +537,7 @@ class _FakePaperRun:
 
 
 def test_gta_runs_record_the_notebooks_configs_and_select_on_the_heldout_part():
-    from attnrepro.gta import GtaRuns, run_config
+    from attnrepro.papers.gta import GtaRuns, run_config
     from attnrepro.report import load_profile
     P = load_profile("gta", "smoke")   # heldout: 0.2
     pr = _FakePaperRun()
@@ -553,7 +553,7 @@ def test_gta_runs_record_the_notebooks_configs_and_select_on_the_heldout_part():
 
 def test_tables_3_5_6_run_every_seed_at_the_paper_profile():
     "Issue #47: the paper repeats each experiment three times (Sec. 4); smoke and mini keep their committed grids."
-    from attnrepro.gta import GtaRuns
+    from attnrepro.papers.gta import GtaRuns
     from attnrepro.report import load_profile
     seeds = {}
     for profile in ("smoke", "mini", "paper"):
@@ -570,7 +570,7 @@ def test_tables_3_5_6_run_every_seed_at_the_paper_profile():
 
 
 def test_gta_table_2b_sets_our_gaps_beside_the_papers():
-    from attnrepro.gta import GtaRuns, table_2b
+    from attnrepro.papers.gta import GtaRuns, table_2b
     from attnrepro.report import load_profile
     P = load_profile("gta", "smoke")
     G = GtaRuns(P, _FakePaperRun())
