@@ -493,7 +493,7 @@ def test_paper_profile_keeps_the_official_batch_and_loss_weights():
 def test_paper_profile_follows_the_official_configs():
     """Issue #47: the paper profile's clipping, dropout, CNN momentum and crops as the official code applies them
     (zhfeing/Bootstrapping-ViTs-pytorch configs; the YAML comments cite each line)."""
-    from attnrepro.bootstrapping import make_agent, run_config
+    from attnrepro.papers.bootstrapping_vit import make_agent, run_config
     from attnrepro.report import load_profile
     P = load_profile("bootstrapping_vit", "paper")
     clip = lambda m, size="S", ds="c10": run_config(P, m, ds=ds, size=size)["train"].get("grad_clip")
@@ -522,7 +522,7 @@ def test_paper_profile_follows_the_official_configs():
 def test_per_method_clipping_and_sparse_vit_kwargs_leave_other_profiles_alone():
     "train.grad_clip per method (and per size) resolves in run_config; profiles without it keep their configs."
     import copy
-    from attnrepro.bootstrapping import run_config
+    from attnrepro.papers.bootstrapping_vit import run_config
     from attnrepro.core import config_hash
     from attnrepro.report import load_profile
     P = load_profile("bootstrapping_vit", "mini")
@@ -557,7 +557,7 @@ def test_agent_mlp_dropout():
 def test_paper_crops_follow_the_official_pipelines():
     "CIFAR: pad-4 random crop at the stored 32 px, flip, resize to 224; evaluation resized, not cropped. ImageNet: 0.6-1."
     from PIL import Image
-    from attnrepro.bootstrapping import PadRandomCrop, run_transforms
+    from attnrepro.papers.bootstrapping_vit import PadRandomCrop, run_transforms
     im = Image.fromarray(np.arange(32 * 32 * 3, dtype=np.uint8).reshape(32, 32, 3))
     torch.manual_seed(0)
     crops = [np.asarray(PadRandomCrop(4)(im)) for _ in range(20)]
@@ -579,7 +579,8 @@ def test_paper_crops_follow_the_official_pipelines():
 def test_paper_figures_draw_from_run_results():
     "Figures 5-7 and Tables 8-11's panels from result-shaped dicts."
     import numpy as np
-    from attnrepro.bootstrapping import plot_layer_removal, plot_learning_curves, plot_sensitivity, plot_viz_rows
+    from attnrepro.papers.bootstrapping_vit import (plot_layer_removal, plot_learning_curves, plot_sensitivity,
+                                                    plot_viz_rows)
     res = dict(curve=[dict(epoch=1, vit=10.0, agent=12.0), dict(epoch=2, vit=20.0, agent=18.0)])
     fig = plot_learning_curves([("(a)", [("ViT", res, "vit"), ("agent", res, "agent")]), ("(b)", [("ViT", res, "vit")])])
     assert [a.get_title() for a in fig.axes] == ["(a)", "(b)"] and len(fig.axes[0].lines) == 2
@@ -600,7 +601,7 @@ def test_paper_figures_draw_from_run_results():
 def test_seed_noise_pools_the_headline_sd_and_one_seed_rows_borrow_it():
     """The sd pooled over a dataset's headline ViT Arms is what a one-seed ViT row borrows; the agent CNN's row stays out
     of that pool and is what a one-seed agent row borrows; a one-seed dataset has none."""
-    from attnrepro.bootstrapping import AGENT_KEYS, HEADLINE, SeedNoise, dataset_labels, table_seed_spread
+    from attnrepro.papers.bootstrapping_vit import AGENT_KEYS, HEADLINE, SeedNoise, dataset_labels, table_seed_spread
     from attnrepro.report import load_profile
     from attnrepro.verdicts import arm
     P = load_profile("bootstrapping_vit", "mini")
@@ -632,7 +633,7 @@ def test_seed_noise_pools_the_headline_sd_and_one_seed_rows_borrow_it():
 def _committed_runs(P, ds="c10"):
     "The committed mini run of each headline row and seed, found by its config hash (None: the runs are not here)."
     import json
-    from attnrepro.bootstrapping import HEADLINE, run_config
+    from attnrepro.papers.bootstrapping_vit import HEADLINE, run_config
     from attnrepro.core import config_hash
     from attnrepro.runner import output_dir
     runs = output_dir("bootstrapping_vit", "mini") / "runs"
@@ -648,7 +649,7 @@ def _committed_runs(P, ds="c10"):
 def test_committed_headline_runs_keep_their_hashes_and_pool_the_vit_rows_only():
     """Issue #45: recording per-image hits changed no config hash (every committed headline run is still found), and
     the borrowed CIFAR-10 sd is pooled over the four ViT rows only: 0.61 with df 8, not 0.55 with the agent CNN's row."""
-    from attnrepro.bootstrapping import HEADLINE, SeedNoise, headline_arms
+    from attnrepro.papers.bootstrapping_vit import HEADLINE, SeedNoise, headline_arms
     from attnrepro.report import load_profile
     from attnrepro.verdicts import pooled_sd
     P = load_profile("bootstrapping_vit", "mini")
@@ -666,7 +667,7 @@ def test_committed_headline_runs_keep_their_hashes_and_pool_the_vit_rows_only():
 
 
 def test_headline_arms_carry_hits_when_every_run_recorded_them():
-    from attnrepro.bootstrapping import headline_arms
+    from attnrepro.papers.bootstrapping_vit import headline_arms
     from attnrepro.verdicts import pack_correct
     rng = np.random.default_rng(0)
     def fake(seed, with_hits=True):
@@ -686,7 +687,7 @@ def test_headline_arms_carry_hits_when_every_run_recorded_them():
 
 def test_train_run_records_per_image_hits():
     "A joint run's result keeps the ViT's and the agent's per-image top-1 hits on the val set (pack_correct)."
-    from attnrepro.bootstrapping import run_config, train_run
+    from attnrepro.papers.bootstrapping_vit import run_config, train_run
     from attnrepro.report import load_profile
     from attnrepro.verdicts import unpack_correct
     import tempfile
@@ -702,7 +703,7 @@ def test_train_run_records_per_image_hits():
 
 def test_teacher_gate_and_table_1_say_when_the_pretrained_teacher_fails():
     "Table 1's pre-trained row names a teacher that fails its gate, in its note and in the caption."
-    from attnrepro.bootstrapping import teacher_gate
+    from attnrepro.papers.bootstrapping_vit import teacher_gate
     from attnrepro.runner import output_dir
     assert teacher_gate({"algorithm": "supervised"}) is None and teacher_gate("no_such_teacher") is None
     if (output_dir("teachers", "mini") / "table_gates.csv").is_file():
@@ -712,7 +713,7 @@ def test_teacher_gate_and_table_1_say_when_the_pretrained_teacher_fails():
 
 
 def test_table_1_marks_a_pretrained_row_whose_teacher_fails_its_gate():
-    from attnrepro.bootstrapping import SeedNoise, table_1
+    from attnrepro.papers.bootstrapping_vit import SeedNoise, table_1
     from attnrepro.report import load_profile
     from attnrepro.verdicts import gate
     P = load_profile("bootstrapping_vit", "mini")
@@ -728,7 +729,7 @@ def test_table_1_marks_a_pretrained_row_whose_teacher_fails_its_gate():
 
 
 def test_regimes_name_epochs_images_and_resolution():
-    from attnrepro.bootstrapping import fraction_claim_regime, regime
+    from attnrepro.papers.bootstrapping_vit import fraction_claim_regime, regime
     from attnrepro.report import load_profile
     P = load_profile("bootstrapping_vit", "mini")
     r = regime(P, "c10")
@@ -741,7 +742,7 @@ def test_regimes_name_epochs_images_and_resolution():
 
 def test_table_3_gains_and_fraction_steps():
     "Table 3: Ours' gain over the ViT at the same fraction; equal optimizer steps per fraction; rows not run say why."
-    from attnrepro.bootstrapping import PAPER_T3, SeedNoise, fraction_epochs, fraction_runnable, table_3
+    from attnrepro.papers.bootstrapping_vit import PAPER_T3, SeedNoise, fraction_epochs, fraction_runnable, table_3
     from attnrepro.report import load_profile
     P = load_profile("bootstrapping_vit", "mini")
     d = P["datasets"][P["fractions"]["pool"]]

@@ -5,10 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrepro.bootstrapping import (CLAIM_TEXTS, NO_SPREAD, beats, claim_both_terms_help, claim_decay_helps,
-                                     claim_feat_beats_kd, claim_gain_larger_when_scarce, claim_joint_beats_sam_sparse,
-                                     claim_joint_lifts_vit, claim_reslike_beats_base, claim_sequence_beats_avgpool,
-                                     claim_sharing_costs_little, claim_vit_above_agent)
+from attnrepro.papers.bootstrapping_vit import (CLAIM_TEXTS, NO_SPREAD, beats, claim_both_terms_help, claim_decay_helps,
+                                                claim_feat_beats_kd, claim_gain_larger_when_scarce,
+                                                claim_joint_beats_sam_sparse, claim_joint_lifts_vit,
+                                                claim_reslike_beats_base, claim_sequence_beats_avgpool,
+                                                claim_sharing_costs_little, claim_vit_above_agent)
 from attnrepro.report import load_reported
 from attnrepro.runner import output_dir
 from attnrepro.verdicts import VERDICTS, arm, contrast, greater, pooled_sd, reported
