@@ -11,8 +11,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from attnrepro.attention import attention_maps
 from attnrepro.attndistill import (AGGREGATIONS, CompRessQueue, Projector, aggregate_heads, attndistill_method,
                                    clamp_renorm, cls_attention_loss, compress_loss, interpolate_cls_attention,
-                                   layer_pairs, loss_shares, patch_alignment_loss, projector_dims,
-                                   projector_layer_features, teacher_targets, value_weighted)
+                                   layer_pairs, patch_alignment_loss, projector_dims, projector_layer_features,
+                                   teacher_targets, value_weighted)
+from attnrepro.papers.attndistill import loss_shares
 from attnrepro.models import create_student, describe_model
 from attnrepro.train import StepContext, TrainConfig, fit
 
@@ -319,8 +320,9 @@ def test_paper_figures_and_table7_rows():
     "Table 7's rows and Figures 6-11 from result-shaped data."
     import numpy as np
     import pandas as pd
-    from attnrepro.attndistill import (cls_attention_loss, config_row, plot_cls_attention, plot_mae_curves, plot_sweeps,
-                                       plot_teacher_vs_students, position_embedding_kind)
+    from attnrepro.attndistill import cls_attention_loss
+    from attnrepro.papers.attndistill import (config_row, plot_cls_attention, plot_mae_curves, plot_sweeps,
+                                              plot_teacher_vs_students, position_embedding_kind)
     from attnrepro.models import create_student
     assert config_row(dict(embed_dim=192, depth=12, num_heads=3, patch_size=16), 224) == dict(
         layers=12, dim=192, heads=3, patch_size=16, num_tokens=197, params_m=5.52)
@@ -346,7 +348,7 @@ def test_paper_figures_and_table7_rows():
 def test_figure_images_named_classes_then_spread_and_absent_classes():
     "The named classes' first val images, then classes spread over the list; a named class with no image is skipped."
     from types import SimpleNamespace
-    from attnrepro.attndistill import figure_images
+    from attnrepro.papers.attndistill import figure_images
     classes = ["golden retriever", "German shepherd dog", "school bus", "tabby", "lemon"]
     v = SimpleNamespace(classes=classes, targets=[3, 1, 0, 4, 0, 1])
     assert figure_images(v) == [2, 1, 0]
@@ -363,7 +365,7 @@ def _fake_run(lp, knn=None, layers=9, attn=0.5):
 
 def test_figure_6_table_and_runs_arm():
     "Figure 6's numbers are mean / std / count per method; `runs_arm` pairs runs only when all stored their hits."
-    from attnrepro.attndistill import HitArm, runs_arm, table_figure_6
+    from attnrepro.papers.attndistill import HitArm, runs_arm, table_figure_6
     from attnrepro.report import load_profile
     P = load_profile("attndistill", "smoke")
     P["headline"]["train"] = P["pilot"]["train"]   # as the notebook does for `schedule: pilot`
@@ -381,7 +383,7 @@ def test_figure_6_table_and_runs_arm():
 
 def test_short_rows_and_table_10_on_fake_runs():
     "Table 10's rows: the reference pair's mean over its seeds, seed 0 elsewhere, the pooled sd, the loss shares."
-    from attnrepro.attndistill import REF_VARS, ShortRows, row_variant, table10_in_profile, table_10
+    from attnrepro.papers.attndistill import REF_VARS, ShortRows, row_variant, table10_in_profile, table_10
     from attnrepro.report import load_profile
     P = load_profile("attndistill", "mini")
     T10 = table10_in_profile(P)
@@ -407,7 +409,7 @@ def test_short_rows_and_table_10_on_fake_runs():
 
 def test_teacher_gates_from_the_teachers_table():
     "The gates the teachers notebook recorded: our MAE teacher passes the probe gate and misses the k-NN gate."
-    from attnrepro.attndistill import teacher_gate, teacher_gates
+    from attnrepro.papers.attndistill import teacher_gate, teacher_gates
     g = teacher_gates("mae_tiny_imagenet_mini", "mini")
     assert g["knn"][0] is False and g["linear"][0] is True and "2.89x" in g["knn"][1]
     assert teacher_gate(g, "knn", "t").verdict == "untestable" and teacher_gate(g, "linear", "t").holds
@@ -417,7 +419,7 @@ def test_teacher_gates_from_the_teachers_table():
 
 
 def test_hit_arm_hits_are_the_arm_hits():
-    from attnrepro.attndistill import hit_arm
+    from attnrepro.papers.attndistill import hit_arm
     from attnrepro.verdicts import pack_correct
     h = np.array([True, False, False, True])
     a = hit_arm([50.0], [pack_correct(h)], "a")
@@ -439,8 +441,9 @@ def test_fair_test_on_fake_runs():
     """FairTest as the paper notebook uses it: the k-NN parts fail the teacher's gate, a one-seed arm that moves almost
     no answer (>= 99 % seed for seed) is inert (with the lambda that would fix it), a row below the floor is not
     compared, and the table reports same-seed, across-seed and within agreement."""
-    from attnrepro.attndistill import (REF_VARS, FairTest, ShortRows, attndistill_claims, claim_evidence, claim_getter,
-                                       regime, row_variant, runs_arm, table10_in_profile, table_10, table_agreement)
+    from attnrepro.papers.attndistill import (REF_VARS, FairTest, ShortRows, attndistill_claims, claim_evidence,
+                                              claim_getter, regime, row_variant, runs_arm, table10_in_profile, table_10,
+                                              table_agreement)
     from attnrepro.report import load_profile
     P = load_profile("attndistill", "mini")
     P["headline"]["train"] = P["pilot"]["train"]
@@ -492,7 +495,8 @@ def _unpack(run, key="lp_correct"):
 
 def test_compress_queue_reaches_the_compress_runs_configs():
     "The profile's CompRess bank size enters a CompRess run's config (hashed); mini's, the default, is left out."
-    from attnrepro.attndistill import COMPRESS_QUEUE, variant_config
+    from attnrepro.attndistill import COMPRESS_QUEUE
+    from attnrepro.papers.attndistill import variant_config
     from attnrepro.report import load_profile
     for profile in ("smoke", "mini", "paper"):
         P = load_profile("attndistill", profile)
@@ -509,7 +513,7 @@ def test_compress_queue_reaches_the_compress_runs_configs():
 def test_dry_run_times_float32_on_the_cpu_and_probes_briefly(monkeypatch):
     "A CPU dry run: bf16 steps are timed in float32, the probe trains a couple of epochs (warm-up scaled alike)."
     from attnrepro import attndistill
-    from attnrepro.attndistill import DRY_PROBE_EPOCHS, quality, train_config
+    from attnrepro.papers.attndistill import DRY_PROBE_EPOCHS, quality, train_config
     tr = dict(epochs=3, batch_size=4, lr=1e-3, warmup_epochs=0, betas=[0.9, 0.95], amp=True)
     monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
     cfg = train_config(tr, 3)

@@ -4,10 +4,10 @@ row map (papers/attndistill/table10_rows.csv) is checked against the transcribed
 import numpy as np
 import pytest
 
-from attnrepro.attndistill import (CLAIM_ROWS, CLAIM_TEXTS, attndistill_claims, claim_gain_across_shapes,
-                                   claim_gain_over_feature_regression, claim_kl_beats_alternatives,
-                                   claim_projector_design, compare, hit_arm, reported_claims, reported_getter,
-                                   table10_rows)
+from attnrepro.papers.attndistill import (CLAIM_ROWS, CLAIM_TEXTS, attndistill_claims, claim_gain_across_shapes,
+                                          claim_gain_over_feature_regression, claim_kl_beats_alternatives,
+                                          claim_projector_design, compare, hit_arm, reported_claims, reported_getter,
+                                          table10_rows)
 from attnrepro.report import load_reported
 from attnrepro.verdicts import arm, difference, pack_correct, paired_difference, reported
 
@@ -225,7 +225,7 @@ def _hits_at(p, n, rng):
 def test_inert_pairs_make_claims_2_and_3_untestable():
     """The library's rule (across seeds against within; same seed only at >= 99 %) with the tolerance scaled to the
     seed noise: an inert pair makes its part 'untestable (inert)' with the fix; a differing pair is decided."""
-    from attnrepro.attndistill import arms_not_inert, inert_tolerance, pair_agreement
+    from attnrepro.papers.attndistill import arms_not_inert, inert_tolerance, pair_agreement
     from attnrepro.verdicts import arm_agreement
     rng = np.random.default_rng(0)
     truth = _hits_at(0.09, 10000, rng)
