@@ -512,7 +512,7 @@ def test_compress_queue_reaches_the_compress_runs_configs():
 
 def test_dry_run_times_float32_on_the_cpu_and_probes_briefly(monkeypatch):
     "A CPU dry run: bf16 steps are timed in float32, the probe trains a couple of epochs (warm-up scaled alike)."
-    from attnrepro import attndistill
+    from attnrepro.papers import attndistill
     from attnrepro.papers.attndistill import DRY_PROBE_EPOCHS, quality, train_config
     tr = dict(epochs=3, batch_size=4, lr=1e-3, warmup_epochs=0, betas=[0.9, 0.95], amp=True)
     monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)

@@ -273,7 +273,7 @@ def test_projector_rows_below_the_floor_are_untestable():
 def _committed():
     import json
     from pathlib import Path
-    from attnrepro import attndistill as ad
+    from attnrepro.papers import attndistill as ad
     from attnrepro.core import config_hash, project_root
     from attnrepro.report import load_profile
     runs = Path(project_root()) / "outputs" / "attndistill" / "runs"
@@ -301,7 +301,7 @@ def test_committed_mini_claims_get_a_fair_test():
     """Issue #45 on the committed runs: k-NN untestable (gate, gap), P8 below the floor; no pair inert by the library's
     rule with the scaled tolerance (the multi-seed pairs agree across seeds clearly less than within; the one-seed
     pairs get the near-identity test only, and none reaches 99 %), so claims 2 and 3 are decided: inconclusive."""
-    from attnrepro import attndistill as ad
+    from attnrepro.papers import attndistill as ad
     P, S, head, seeds, T10, ft, short = _committed()
     v = ad.attndistill_claims(ad.claim_getter(S, head, seeds), T10, margin=0.5, pre=ft)
     assert all(x.verdict != "does not hold" for x in v.values()), {k: x.verdict for k, x in v.items()}
@@ -333,7 +333,7 @@ def test_committed_mini_agreement_band_is_not_evidence_of_inertness():
     """The numbers nbs/16_attndistill.ipynb quotes for scaling the tolerance: at 1 point the three multi-seed pairs
     would be inert, one of them with a resolved paired difference; an arm without the feature regression lands inside
     the 1-point band; PA students of other shapes land inside even the scaled one."""
-    from attnrepro import attndistill as ad
+    from attnrepro.papers import attndistill as ad
     from attnrepro.verdicts import agreement, arm_agreement
     P, S, head, seeds, T10, ft, short = _committed()
     ad.attndistill_claims(ad.claim_getter(S, head, seeds), T10, margin=0.5, pre=ft)   # fills ft.checks
