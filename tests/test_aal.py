@@ -526,7 +526,7 @@ def test_restrict_to_classes():
 
 def test_link_sweep_seeds_configs_grids_and_reuse_check():
     "The notebook's sweep: seed fallbacks, configs that evaluate every epoch only for the curve arms, one grid per arm."
-    from attnrepro.aal import CE_SPEC, LinkSweep, regime_config
+    from attnrepro.papers.aal import CE_SPEC, LinkSweep, regime_config
     from attnrepro.core import config_hash
     P = load_profile("aal", "smoke")
     grids = []
@@ -557,7 +557,8 @@ def test_link_sweep_seeds_configs_grids_and_reuse_check():
 
 def test_link_figures_draw_from_run_results():
     "Figures 2, 3, A and B from result-shaped dicts: the panels the notebook expects."
-    from attnrepro.aal import plot_attention_examples, plot_learning_curves, plot_link_evolution, plot_link_magnitudes
+    from attnrepro.papers.aal import (plot_attention_examples, plot_learning_curves, plot_link_evolution,
+                                      plot_link_magnitudes)
     rng = np.random.default_rng(0)
     run = dict(links=rng.random((3, 4)).tolist(), links_init=rng.random((3, 4)).tolist(),
                link_history=rng.random((5, 3, 4)).tolist(),
@@ -581,7 +582,7 @@ def _fake_runs(top1s, top5=50.0, n_val=100, correct=None):
 
 def test_table_functions_assemble_ours_beside_the_paper():
     "Table 2, its gaps and Table 3 from fake run dicts: our means land in the `(ours, <profile>)` columns."
-    from attnrepro.aal import SelectiveLinks, table_2, table_2_gaps, table_3
+    from attnrepro.papers.aal import SelectiveLinks, table_2, table_2_gaps, table_3
     P = load_profile("aal", "smoke")
     fr = sorted(int(f) for f in P["sweep"]["fractions"])
     sel = {f: _fake_runs([40.0, 42.0]) for f in fr}
@@ -605,7 +606,7 @@ def test_table_functions_assemble_ours_beside_the_paper():
 
 def test_sweep_arms_borrow_the_pooled_sd_and_claim1_evidence():
     "One-seed rows borrow the pooled seed sd of the multi-seed rows; claim 1's evidence names them and the gaps."
-    from attnrepro.aal import SweepArms, check_low_data
+    from attnrepro.papers.aal import SweepArms, check_low_data
     from attnrepro.verdicts import pooled_sd
     fr = [5, 10, 50]
     sel = {f: _fake_runs([40.0, 41.0, 42.0], n_val=10_000) for f in fr}
@@ -644,7 +645,7 @@ def _swap(rng, run, share):
 
 
 def test_check_gap_is_untestable_at_equal_images_seen_and_low_data_keeps_its_floors():
-    from attnrepro.aal import SweepArms, check_gap, check_low_data
+    from attnrepro.papers.aal import SweepArms, check_gap, check_low_data
     P = load_profile("aal", "mini")
     ep = {5: 20, 10: 10, 50: 2}
     runs = lambda tops, f: [dict(r, epochs=ep[f], steps=780) for r in _fake_runs(tops, n_val=10_000)]
@@ -664,7 +665,7 @@ def test_check_gap_is_untestable_at_equal_images_seen_and_low_data_keeps_its_flo
 
 
 def test_check_cifar_strong_regime_below_its_floor_is_untestable():
-    from attnrepro.aal import T5_AAL, T5_AAL_HARD, T5_CE, T5_HARD, T5_SOFT, SweepArms, check_cifar
+    from attnrepro.papers.aal import T5_AAL, T5_AAL_HARD, T5_CE, T5_HARD, T5_SOFT, SweepArms, check_cifar
     P = load_profile("aal", "mini")
     rng = np.random.default_rng(3)
     cifar = {}
@@ -681,7 +682,7 @@ def test_check_cifar_strong_regime_below_its_floor_is_untestable():
 
 
 def test_check_link_depth_needs_links_trained_past_init():
-    from attnrepro.aal import SelectiveLinks, check_link_depth
+    from attnrepro.papers.aal import SelectiveLinks, check_link_depth
     P = load_profile("aal", "mini")
     rng = np.random.default_rng(0)
     mk = lambda sel: [dict(links=(rng.random((3, 6)) + np.arange(6)[None] * 0.1).tolist(), links_init=np.full((3, 6), 0.12).tolist(),
@@ -700,7 +701,7 @@ def test_check_link_depth_needs_links_trained_past_init():
 
 
 def test_ablation_claims_are_untestable_when_inert_and_captions_name_the_links():
-    from attnrepro.aal import ablation_arms, check_decay, check_lambda, table_E, table_lambda_decay
+    from attnrepro.papers.aal import ablation_arms, check_decay, check_lambda, table_E, table_lambda_decay
     P = load_profile("aal", "mini")
     rng = np.random.default_rng(1)
     final = _hit_runs(rng, [0.25])[0]
@@ -734,7 +735,7 @@ def test_ablation_claims_are_untestable_when_inert_and_captions_name_the_links()
 
 
 def test_wsol_gt_rule_reads_the_runs_and_refuses_a_mix():
-    from attnrepro.aal import wsol_gt_rule
+    from attnrepro.papers.aal import wsol_gt_rule
     from attnrepro.evaluate import MAXBOXACC_GT_ENDS
     assert wsol_gt_rule({"AAL": {"wsol": {}}, "CE": {"wsol": {}}}) == "exclusive"   # runs before issue #45 record none
     assert wsol_gt_rule({"AAL": {"wsol_gt_ends": "inclusive"}}) == MAXBOXACC_GT_ENDS == "inclusive"
@@ -743,7 +744,7 @@ def test_wsol_gt_rule_reads_the_runs_and_refuses_a_mix():
 
 
 def test_regime_words_name_steps_student_and_teacher():
-    from attnrepro.aal import regime_words, sweep_regime_words
+    from attnrepro.papers.aal import regime_words, sweep_regime_words
     P = load_profile("aal", "mini")
     w = regime_words(P, "cifar10_short_strong", P["cifar_student"], "resnet56_cifar10", runs=[dict(steps=312)])
     assert w == ("cifar10 500 per class, strong augmentation, 4 epochs (312 steps at batch 64), 32 px vit (embed 96, "
@@ -756,7 +757,7 @@ def test_regime_words_name_steps_student_and_teacher():
 def test_mini_regime_floors_do_not_change_config_hashes():
     "The regimes' `floor` (issue #45) is not part of a run config: the mini configs still hash to the committed runs."
     from pathlib import Path
-    from attnrepro.aal import CE_SPEC, regime_config
+    from attnrepro.papers.aal import CE_SPEC, regime_config
     from attnrepro.core import config_hash
     P = load_profile("aal", "mini")
     assert all(P["regimes"][k].get("floor") == 40 for k in ("cifar5", "cifar10", "cifar50", "cifar10_short_strong"))
@@ -769,7 +770,7 @@ def test_mini_regime_floors_do_not_change_config_hashes():
 
 def test_train_config_lets_train_win_over_the_augmentation_preset(monkeypatch):
     "The regime's preset sets Mixup / CutMix / label smoothing; a key the run's `train` sets explicitly wins."
-    from attnrepro.aal import train_config
+    from attnrepro.papers.aal import train_config
     monkeypatch.delenv("ATTNREPRO_DRY_RUN", raising=False)
     base = dict(epochs=2, batch_size=8, warmup_epochs=0.0)
     assert train_config(dict(augment="strong", train=base)) | {} == dict(base, mixup=0.8, cutmix=1.0, label_smoothing=0.1)
@@ -787,7 +788,7 @@ def test_train_config_lets_train_win_over_the_augmentation_preset(monkeypatch):
 def test_paper_profile_students_match_the_papers_parameter_counts():
     "DeiT-S distilled (22.44M, Table D's 22.4M / AAL 22.5M), ConViT-S (27.8M), both with DeiT's drop path 0.1."
     import timm
-    from attnrepro.aal import convit_arch
+    from attnrepro.papers.aal import convit_arch
     P = load_profile("aal", "paper")
     n = lambda m: sum(p.numel() for p in m.parameters())
     st, cv = dict(P["student"]), convit_arch(P, P["student"])
@@ -802,7 +803,7 @@ def test_paper_profile_students_match_the_papers_parameter_counts():
 
 def test_ce_on_a_distilled_student_trains_its_class_head_only():
     "CE on a 'deit' student (the paper profile's CE rows): CE on the class head, the distillation head untrained."
-    from attnrepro.aal import CE_SPEC, build_run
+    from attnrepro.papers.aal import CE_SPEC, build_run
     cfg = dict(arch=dict(arch="deit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2), method=CE_SPEC,
                train=dict(epochs=1, seed=0))
     student, method = build_run(cfg, list(range(10)), {})

@@ -4,11 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnrepro.aal import (NO_SEED_SPREAD, T5_AAL, T5_AAL_HARD, claim_beats_baselines_at_low_data,
-                           claim_cifar_aal_beats_label_distillation, claim_converges_faster, claim_decay_beats_fixed,
-                           claim_gap_shrinks, claim_lambda_best, claim_links_follow_depth, claim_localises_better,
-                           claim_selective_beats_full, link_depth_correlation, links_learned, paper_link_mask,
-                           same_schedule, top_layer_share)
+from attnrepro.aal import paper_link_mask
+from attnrepro.papers.aal import (NO_SEED_SPREAD, T5_AAL, T5_AAL_HARD, claim_beats_baselines_at_low_data,
+                                  claim_cifar_aal_beats_label_distillation, claim_converges_faster,
+                                  claim_decay_beats_fixed, claim_gap_shrinks, claim_lambda_best,
+                                  claim_links_follow_depth, claim_localises_better, claim_selective_beats_full,
+                                  link_depth_correlation, links_learned, same_schedule, top_layer_share)
 from attnrepro.report import load_reported
 from attnrepro.verdicts import arm, pooled_sd, reported
 
