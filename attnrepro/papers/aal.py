@@ -35,13 +35,13 @@ __all__ = ['NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL', 'T5_SOFT', 'T5_HARD', 'T5_
            'regime_config', 'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run',
            'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes',
            'plot_link_evolution', 'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words',
-           'hit_arm', 'seeded', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps',
-           'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped',
-           'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
-           'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
-           'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data', 'check_gap',
-           'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda',
-           'check_decay']
+           'hit_arm', 'seeded', 'CachedRuns', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2',
+           'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items',
+           'run_grouped', 'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B',
+           'wsol_gt_rule', 'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms',
+           'ablation_agreements', 'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data',
+           'check_gap', 'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol',
+           'check_lambda', 'check_decay']
 
 # %% ../../nbs/12b_aal_paper.ipynb #0874f7c8
 from scipy.stats import spearmanr
@@ -772,6 +772,27 @@ def seeded(config: Mapping, result: Mapping) -> dict:
     """A run's result labelled with its seed (`train.seed`: the model's initialisation and the data order; the subset
     is drawn by `data.subset_seed`), so that arms of the same seeds are blocked by seed (`Arm.seeds`)."""
     return dict(result, seed=config["train"]["seed"])
+
+class CachedRuns:
+    """The paper notebook's cached training runs through `pr` (its `PaperRun`), trained by `train_fn` (`train_run`
+    bound to the profile), each result labelled with its seed (`seeded`). A config used earlier in the notebook keeps
+    the name it was first run under."""
+    def __init__(self, pr, train_fn: Callable):
+        self.pr, self.train_fn = pr, train_fn
+
+    def run(self, config: dict, name: str | None = None) -> dict:
+        "One cached run."
+        return seeded(config, self.pr.run(config, self.train_fn, name=None if config_hash(config) in self.pr.used else name))
+
+    def run_all(self, items: list) -> list:
+        """`run` over a grid of (config, name) pairs known up front, in order: `pr.run_many`, so that with `attnrepro
+        reproduce --executor local|slurm` the missing runs train as separate jobs; names as `run` gives them."""
+        seen, named = set(self.pr.used), []
+        for config, name in items:
+            h = config_hash(config)
+            named.append((None if h in seen else name, config))
+            seen.add(h)
+        return [seeded(c, r) for (_, c), r in zip(named, self.pr.run_many(named, self.train_fn))]
 
 @dataclass
 class SelectiveLinks:
