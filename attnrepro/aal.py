@@ -18,7 +18,7 @@ from .attention import AttentionCapture, ModuleOutputs, on_model_device
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
 from .models import block_names, describe_model, intermediate_features
-from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
+from .protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 
 # %% auto #0
 __all__ = ['PAPER_LINK_TABLE', 'PAPER_LINK_SHAPE', 'LINK_NAMES', 'LINK_NORMALIZATIONS', 'vit_map_layout', 'cls_attention_maps',

@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 from .attention import AttentionCapture, Taps, require_vit
 from .losses import feature_mse_loss
 from .models import describe_model
-from .train import LossTerm, Method, StepContext, put_taps
+from .protocol import LossTerm, Method, StepContext, put_taps
 
 # %% auto #0
 __all__ = ['AGGREGATIONS', 'ATTN_LOSSES', 'CLAMP', 'COMPRESS_QUEUE', 'clamp_renorm', 'aggregate_heads',

@@ -19,7 +19,7 @@ from timm.models.vision_transformer import VisionTransformer
 from .attention import forward_until, AttentionCapture, AttentionOverride, attention_blocks
 from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, git_commit, seed_everything
 from .losses import gta_loss
-from .train import StepContext
+from .protocol import StepContext
 from .transfer import Distill, TeacherDistillMethod
 from .models import create_student
 

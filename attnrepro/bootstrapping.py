@@ -15,8 +15,8 @@ from timm.models.vision_transformer import VisionTransformer
 from .losses import feature_mse_loss, kd_loss, linear_decay
 from .attention import Taps
 from .models import intermediate_features
-from .train import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting, put_taps,
-                             term_grads)
+from .protocol import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting, put_taps,
+                                term_grads)
 
 # %% auto #0
 __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'head_offsets', 'neighbourhood_matrices',

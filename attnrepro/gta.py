@@ -19,7 +19,7 @@ from .attention import _resolve_layers, model_device, on_model_device
 from .attention import Taps, require_vit
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
-from .train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
+from .protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 
 # %% auto #0
 __all__ = ['TAP_FEATURES', 'GUIDE_FEATURES', 'GUIDE_TERM_NAMES', 'L2SP_TRAIN_OVERRIDES', 'FINETUNE_PARTS', 'TRANSMIX_LABELS',
@@ -236,7 +236,7 @@ class TransferMethod(Method):
     `grad_norm_every=n`: on every n-th global step, log `term_grad_norms` in `self.state["grad_norms"]` (a list of
     {step, <term>, <term>_backbone}; saved with checkpoints). It costs one extra backward per term on those steps only
     and leaves the update itself unchanged."""
-    composable_forward = True    # captures around one target call (attnrepro.train.ComposedMethod)
+    composable_forward = True    # captures around one target call (attnrepro.protocol.ComposedMethod)
     composable_backward = True   # the gradient-norm log reads ctx.weighted, then backpropagates the whole ctx.loss
     def __init__(self, target: nn.Module, source: nn.Module | None = None, terms: Sequence[LossTerm] = (),
                  transmix: Mapping | None = None, ce_weight: float = 1.0, name: str = "transfer",

@@ -16,7 +16,7 @@ from .attention import attention_blocks
 from .attndistill import attndistill_method
 from .bootstrapping import AgentCNN, bootstrap_method, sam_method, sparse_attention_
 from .gta import DEFAULT_COEF, transfer_method
-from .train import ComposedMethod, LossTerm, Method, ce_loss
+from .protocol import ComposedMethod, LossTerm, Method, ce_loss
 from .transfer import CopyModel, Distill, TeacherDistillMethod
 
 # %% auto #0

@@ -21,7 +21,8 @@ from .core import seed_everything
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .evaluate import extract_features, knn_accuracy, linear_probe
 from .models import create_student, load_state_dict_strict
-from .train import LossTerm, Method, StepContext, TrainConfig, ce_term, fit
+from .train import TrainConfig, fit
+from .protocol import LossTerm, Method, StepContext, ce_term
 
 # %% auto #0
 __all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify',

@@ -21,8 +21,8 @@ from .attention import Taps, require_vit
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
-from .train import (LossTerm, Method, StepContext, TeacherPass, ce_term, execute_teacher_passes, put_taps,
-                             run_teacher_passes)
+from .protocol import (LossTerm, Method, StepContext, TeacherPass, ce_term, execute_teacher_passes, put_taps,
+                                run_teacher_passes)
 
 # %% auto #0
 __all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'GLOBAL_POOLS', 'TRANSFER_METHODS', 'first_layers', 'last_layers', 'first_heads',
@@ -233,7 +233,7 @@ class TeacherDistillMethod(Method):
             out[d.name] = layers
         return out
 
-    composable_forward = True   # captures around one student call (see attnrepro.train.ComposedMethod)
+    composable_forward = True   # captures around one student call (see attnrepro.protocol.ComposedMethod)
 
     def _needs(self, student: nn.Module) -> tuple[dict, dict, list[int], tuple, list[int]]:
         "What to capture: attention kinds {name: (what, layers)}, features {name: layers}, and their unions."

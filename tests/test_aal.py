@@ -332,7 +332,7 @@ def test_method_needs_teacher_stats():
 
 from attnrepro.aal import (ClassSubset, distill_method, imagenet_class_index, pit_aal_method, pit_cls_attention_maps,
                            pit_map_layout, restrict_to_classes)
-from attnrepro.train import StepContext
+from attnrepro.protocol import StepContext
 
 
 def tiny_pit(seed=0):

@@ -15,7 +15,8 @@ from attnrepro.attndistill import (AGGREGATIONS, CompRessQueue, Projector, aggre
                                    teacher_targets, value_weighted)
 from attnrepro.papers.attndistill import loss_shares
 from attnrepro.models import create_student, describe_model
-from attnrepro.train import StepContext, TrainConfig, fit
+from attnrepro.train import TrainConfig, fit
+from attnrepro.protocol import StepContext
 
 
 def vit(embed=32, depth=2, heads=2, patch=8, seed=0):

@@ -11,7 +11,8 @@ from attnrepro.bootstrapping import (AGENT_TERMS, VIT_TERMS, AgentCNN, Generaliz
                                      describe_agent, generalized_conv_matrix_form, head_offsets, hint_loss,
                                      intermediate_loss, mutual_kd, neighbourhood_matrices)
 from attnrepro.models import create_student
-from attnrepro.train import StepContext, TrainConfig, fit, project_conflicting
+from attnrepro.train import TrainConfig, fit
+from attnrepro.protocol import StepContext, project_conflicting
 
 torch.set_num_threads(1)
 
@@ -360,7 +361,7 @@ def test_stem_conv_stride_one_halves_the_agents_stride():
 # ---------------------------------------------------------------- baselines: sparse attention, SAM
 
 from attnrepro.bootstrapping import EntmaxBisect, entmax_bisect, sam_method, sparse_attention_
-from attnrepro.train import ce_loss
+from attnrepro.protocol import ce_loss
 
 
 def np_sparsemax(z):

@@ -11,7 +11,8 @@ from torch import nn
 from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
 from attnrepro.methods import create_method, list_methods, method_info
 from attnrepro.models import cifar_resnet, create_student
-from attnrepro.train import CKPT_NAME, ComposedMethod, StepContext, TrainConfig, fit, load_checkpoint
+from attnrepro.train import CKPT_NAME, TrainConfig, fit, load_checkpoint
+from attnrepro.protocol import ComposedMethod, StepContext
 
 EPOCHS, N, BATCH = 2, 24, 8   # 3 steps per epoch, 6 in all
 

@@ -28,7 +28,8 @@ from timm.layers import Attention, DropPath
 from attnrepro.bootstrapping import AgentCNN, GeneralizedConv2d, bootstrap_method
 from attnrepro.methods import create_method
 from attnrepro.models import create_student
-from attnrepro.train import StepContext, TrainConfig
+from attnrepro.train import TrainConfig
+from attnrepro.protocol import StepContext
 from attnrepro.transfer import Distill, TeacherDistillMethod
 
 FIXTURES = Path(__file__).parent / "fixtures" / "parity"

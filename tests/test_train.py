@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from attnrepro.core import config_hash, fit_notes
-from attnrepro.train import (CKPT_NAME, LARS, LossTerm, Method, NonFiniteLossError, TrainConfig, assign_grads,
-                             ce_term, constant, cosine_lr, evaluate, fit, load_checkpoint, max_device_batch,
-                             project_conflicting,
-                             term_grads, topk_correct)
+from attnrepro.losses import constant
+from attnrepro.train import (CKPT_NAME, LARS, NonFiniteLossError, TrainConfig, cosine_lr, evaluate, fit, load_checkpoint,
+                             max_device_batch, topk_correct)
+from attnrepro.protocol import LossTerm, Method, assign_grads, ce_term, project_conflicting, term_grads
 from attnrepro.verdicts import unpack_correct
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -615,7 +615,8 @@ RESUME_SCRIPT = TOY + '''
 import os, sys, json
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.set_num_threads(1)
-from attnrepro.train import fit, TrainConfig, Method, LossTerm, ce_term
+from attnrepro.train import fit, TrainConfig
+from attnrepro.protocol import Method, LossTerm, ce_term
 
 ckpt_dir, out, stop_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 model = tiny_vit(drop_path_rate=0.1)
@@ -679,7 +680,8 @@ MID_EPOCH_SCRIPT = TOY + '''
 import os, sys, json
 import torch, torch.nn.functional as F
 torch.set_num_threads(1)
-from attnrepro.train import fit, TrainConfig, Method, ce_term
+from attnrepro.train import fit, TrainConfig
+from attnrepro.protocol import Method, ce_term
 
 ckpt_dir, out, kill_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
 accum, n = (int(a) for a in sys.argv[4:6]) if len(sys.argv) > 4 else (1, 64)
@@ -823,8 +825,8 @@ DDP_SCRIPT = TOY + '''
 import hashlib, json, os, sys
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.set_num_threads(1)
-from attnrepro.train import (fit, TrainConfig, Method, LossTerm, ce_term, term_grads, assign_grads,
-                             project_conflicting)
+from attnrepro.train import fit, TrainConfig
+from attnrepro.protocol import Method, LossTerm, ce_term, term_grads, assign_grads, project_conflicting
 import torch.distributed as dist
 
 out, ckpt = sys.argv[1], sys.argv[2]
@@ -926,7 +928,7 @@ def test_device_from_environment(monkeypatch):
 
 def test_put_taps_one_scheme_and_refuses_a_key_set_twice():
     "Terms read ctx.student / ctx.teacher; a second writer of one key in a step is an error naming both, not an overwrite."
-    from attnrepro.train import StepContext, put_taps
+    from attnrepro.protocol import StepContext, put_taps
     ctx = StepContext()
     put_taps(ctx, "student", {"block": 1}, "GTA")
     put_taps(ctx, "student", {"attn_distill": 2}, "distillation")

@@ -12,7 +12,8 @@ from attnrepro.attention import AttentionCapture
 from attnrepro.core import seed_everything
 from attnrepro.losses import attention_distillation_loss
 from attnrepro.models import create_student
-from attnrepro.train import StepContext, TrainConfig, fit
+from attnrepro.train import TrainConfig, fit
+from attnrepro.protocol import StepContext
 from attnrepro.transfer import (CopyModel, block_features, Distill, TeacherDistillMethod, attention_info_counts, build_transfer,
                                 effective_attention_maps, ensemble_top1, first_layers, last_layers, layer_cka,
                                 model_info_counts, predict_logits, pretrained_student, teacher_forward, vit_shape)

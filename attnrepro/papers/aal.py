@@ -18,7 +18,7 @@ from ..attention import AttentionCapture, ModuleOutputs, on_model_device
 from ..data import IMAGENET_MEAN, IMAGENET_STD
 from ..losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
 from ..models import block_names, describe_model, intermediate_features
-from ..train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
+from ..protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 
 from ..aal import (AttentionLinks, aal_decay_rates, aal_method, aal_param_count, cls_attention_maps, deit_distillation_term, distill_method, link_history, link_magnitudes, link_pair_scores, paper_link_mask, pit_aal_method, renormalize, resample_link_mask, restrict_to_classes, select_links, vit_map_layout)
 

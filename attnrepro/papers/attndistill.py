@@ -17,7 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 from ..attention import AttentionCapture, Taps, require_vit
 from ..losses import feature_mse_loss
 from ..models import describe_model
-from ..train import LossTerm, Method, StepContext, put_taps
+from ..protocol import LossTerm, Method, StepContext, put_taps
 
 from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, attndistill_method, cls_attention_loss, projector_layer_features)
 

@@ -19,7 +19,7 @@ from ..attention import _resolve_layers, model_device, on_model_device
 from ..attention import CLS_ENTROPY_GATE, Taps, cls_row_entropy, require_vit
 from ..evaluate import attention_mass_mask, boxes_to_mask
 from ..losses import gta_loss
-from ..train import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
+from ..protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
 from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Estimate, Verdict, agreement, all_of,
                                 arm, arm_agreement, arms_differ, at_least, contrast, difference, gate, greater, less,
                                 pooled_sd, provided, seed_blocked, untestable)
