@@ -894,12 +894,11 @@ def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapp
                              shortfall="" if v.verdict == "holds" else
                              f"upper bound {v.ci_high:+.2f} vs the {G['finetune_margin']:g}-point margin"))
             tt, td, steps = task.get("train", {}), task.get("data", {}), gate_runs[(task_name, name, G["seeds"][0])].get("steps")
-            regime = "; ".join(x for x in (
-                " ".join(x for x in (f"{tt['epochs']:g} epochs" if "epochs" in tt else "",
-                                     f"({steps} steps)" if steps else "", f"on {td['name']}" if "name" in td else "",
-                                     f"({td['per_class']} train images per class)" if td.get("per_class") else "") if x)
-                + f", scored on {n_val:,} test images",
-                teacher_words(recipe, name, results[name]) if "epochs" in results[name] else f"teacher {name}") if x)
+            task_words = [f"{tt['epochs']:g} epochs" if "epochs" in tt else "", f"({steps} steps)" if steps else "",
+                          f"on {td['name']}" if "name" in td else "",
+                          f"({td['per_class']} train images per class)" if td.get("per_class") else ""]
+            regime = " ".join(w for w in task_words if w) + f", scored on {n_val:,} test images; " + (
+                teacher_words(recipe, name, results[name]) if "epochs" in results[name] else f"teacher {name}")
             claims.append((f"gate_{task_name}_{name}", f"fine-tuning {name} beats scratch by >= {G['finetune_margin']:g} "
                            f"points on {task_name}", v, f"per seed: fine-tune {accs[name]}, scratch {accs[None]}{at_all}",
                            regime))

@@ -4,23 +4,22 @@
 
 # %% ../../nbs/12b_aal_paper.ipynb #paal0004
 from __future__ import annotations
-import math, re
+import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from timm.models.pit import PoolingVisionTransformer
-from timm.models.vision_transformer import VisionTransformer
 
-from ..attention import AttentionCapture, ModuleOutputs, on_model_device
+from ..attention import AttentionCapture, on_model_device
 from ..data import IMAGENET_MEAN, IMAGENET_STD
-from ..losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
-from ..models import block_names, describe_model, intermediate_features
-from ..protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
+from ..protocol import Method, StepContext
 
-from ..aal import (AttentionLinks, aal_decay_rates, aal_method, aal_param_count, cls_attention_maps, deit_distillation_term, distill_method, link_history, link_magnitudes, link_pair_scores, paper_link_mask, pit_aal_method, renormalize, resample_link_mask, restrict_to_classes, select_links, vit_map_layout)
+from ..aal import (AttentionLinks, aal_decay_rates, aal_method, aal_param_count, cls_attention_maps,
+                           deit_distillation_term, distill_method, link_history, link_magnitudes, link_pair_scores,
+                           paper_link_mask, pit_aal_method, renormalize, resample_link_mask, restrict_to_classes,
+                           select_links, vit_map_layout)
 
 # %% auto #0
 __all__ = ['NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL', 'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'AAL_METHODS', 'LAST_THIRD_RULE',

@@ -5,21 +5,15 @@
 # %% ../../nbs/16b_attndistill_paper.ipynb #patt0004
 from __future__ import annotations
 import math
-from functools import partial
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
-from timm.models.vision_transformer import VisionTransformer
 
-from ..attention import AttentionCapture, Taps, require_vit
-from ..losses import feature_mse_loss
 from ..models import describe_model
-from ..protocol import LossTerm, Method, StepContext, put_taps
 
-from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, attndistill_method, cls_attention_loss, projector_layer_features)
+from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, attndistill_method, cls_attention_loss,
+                                   projector_layer_features)
 
 # %% auto #0
 __all__ = ['DRY_EVAL', 'DRY_PROBE_EPOCHS', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'Pre', 'TABLE10_ROWS', 'CLAIM_ROWS', 'SWEEPS',

@@ -4,21 +4,14 @@
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #pboo0004
 from __future__ import annotations
-import copy, math, types
 from typing import Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
-from timm.models.vision_transformer import VisionTransformer
 
-from ..losses import feature_mse_loss, kd_loss, linear_decay
-from ..attention import Taps
 from ..models import intermediate_features
-from ..protocol import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting, put_taps,
-                                term_grads)
 
-from ..bootstrapping import (AgentCNN, bootstrap_method, describe_agent, sam_method, sparse_attention_)
+from ..bootstrapping import AgentCNN, bootstrap_method, describe_agent, sam_method, sparse_attention_
 
 # %% auto #0
 __all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'FAR_POINTS', 'SHARED_COST_POINTS', 'NO_SPREAD',

@@ -4,24 +4,19 @@
 
 # %% ../../nbs/15b_gta_paper.ipynb #pgta0004
 from __future__ import annotations
-import copy, dataclasses, math
-from functools import partial
+import dataclasses, math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
-from timm.layers import DropPath
-from timm.models.vision_transformer import VisionTransformer
 
-from ..attention import _resolve_layers, model_device, on_model_device
-from ..attention import CLS_ENTROPY_GATE, Taps, cls_row_entropy, require_vit
+from ..attention import on_model_device
+from ..attention import CLS_ENTROPY_GATE, cls_row_entropy
 from ..evaluate import attention_mass_mask, boxes_to_mask
 from ..losses import gta_loss
-from ..protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
-from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Estimate, Verdict, agreement, all_of,
-                                arm, arm_agreement, arms_differ, at_least, contrast, difference, gate, greater, less,
+from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Verdict, agreement, all_of, arm,
+                                arm_agreement, arms_differ, at_least, contrast, difference, gate, greater, less,
                                 pooled_sd, provided, seed_blocked, untestable)
 
 from ..gta import (ClassGroup, DEFAULT_COEF, attention_jaccard, best_coef, cls_attention, finetune_transform,
