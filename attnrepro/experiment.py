@@ -118,7 +118,7 @@ class Experiment:
                                                                           else "takes no teacher"))
         arch = self.student.get("arch", "vit")
         if arch not in STUDENT_ARCHS: _bad("student", self.student, f"arch must be one of {sorted(STUDENT_ARCHS)}")
-        if arch != info.student: _bad("student", self.student, f"method {self.method!r} trains arch {info.student!r}")
+        if info.student != "any" and arch != info.student: _bad("student", self.student, f"method {self.method!r} trains arch {info.student!r}")
         if "img_size" not in self.student: _bad("student", self.student, "give img_size (the data is resized to it)")
         if "num_classes" in self.student: _bad("student", self.student, "num_classes comes from the dataset; drop it")
         if self.augment not in AUGMENT_PRESETS: _bad("augment", self.augment, f"one of {sorted(AUGMENT_PRESETS)}")

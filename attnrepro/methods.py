@@ -8,20 +8,19 @@ import difflib, inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import torch
 from torch import nn
 
 from .aal import aal_method, distill_method, kd_method, pit_aal_method
 from .attention import attention_blocks
-from .attndistill import attndistill_method
+from .attndistill import COMPRESS_QUEUE, attndistill_method
 from .bootstrapping import AgentCNN, bootstrap_method, sam_method, sparse_attention_
 from .gta import DEFAULT_COEF, transfer_method
-from .protocol import ComposedMethod, LossTerm, Method, ce_loss
-from .transfer import CopyModel, Distill, TeacherDistillMethod
+from .protocol import ComposedMethod, LossTerm, Method, StepContext, ce_loss
+from .transfer import CopyModel, Distill, TeacherDistillMethod, load_pretrained_
 
 # %% auto #0
 __all__ = ['PART_SEP', 'OPTION_SEP', 'MethodInfo', 'register_method', 'list_methods', 'method_info', 'register_composition',
-           'create_method']
+           'create_method', 'class_head_ce']
 
 # %% ../nbs/18_methods.ipynb #0df43366
 PART_SEP, OPTION_SEP = "+", "__"   # 'gta+attn_distill'; 'gta__coef': an option of one part
@@ -34,7 +33,7 @@ class MethodInfo:
     summary: str
     teacher: str | None         # None, 'cnn' (a frozen CNN) or 'vit' (a frozen timm ViT); an unregistered composition of
                                 # parts needing both kinds: 'cnn+vit' (a dict of teachers per part, or one serving all)
-    student: str                # the `create_student` arch it trains: 'vit', 'deit' or 'pit'
+    student: str                # the `create_student` arch it trains: 'vit', 'deit' or 'pit'; 'any': every classifier
     head: bool                  # whether the student needs a classification head (False: feature distillation)
     defaults: dict = field(default_factory=dict)
     factory: Callable = field(default=None, repr=False)
@@ -106,7 +105,7 @@ def _composition_info(name: str, summary: str | None = None, teacher: str | None
         a, b = changes[:2]
         raise ValueError(f"composition {name!r}: {a.name!r} and {b.name!r} both change the student's own computation "
                          f"({a.name}: {a.changes_model}; {b.name}: {b.changes_model}); one model cannot be changed both ways")
-    archs = list(dict.fromkeys(i.student for i in infos))
+    archs = list(dict.fromkeys(i.student for i in infos if i.student != "any")) or ["vit"]
     if student is None:
         if len(archs) == 1: student = archs[0]
         elif set(archs) == {"vit", "deit"}: student = "deit"   # a ViT with a distillation token: 'vit' parts run on it
@@ -172,7 +171,7 @@ def create_method(name: str, student: nn.Module, teacher: nn.Module | Mapping[st
     `ce_weight` (the shared CE term); `teacher` serves every part that needs one, or is a dict {part: teacher}."""
     info = method_info(name)
     _check_teacher(info, teacher)
-    if _arch_of(student) != info.student:
+    if info.student != "any" and _arch_of(student) != info.student:
         raise ValueError(f"method {name!r} trains a {info.student!r} student (create_student({info.student!r}, ...)), "
                          f"got a {_arch_of(student)!r} one")
     if info.parts:
@@ -237,27 +236,27 @@ def _create_composed(info: MethodInfo, student: nn.Module, teacher, options: Map
     return model, ComposedMethod(built, name=info.name, ce_weight=ce_weight)
 
 # %% ../nbs/18_methods.ipynb #afcb837f
-def _load_backbone(student: nn.Module, teacher: nn.Module) -> nn.Module:
-    "Copy every weight of `teacher` except its head into `student` (same shape); the student keeps its own head."
-    own = student.state_dict()
-    sd = {k: v for k, v in teacher.state_dict().items() if not k.startswith("head.")}
-    missing = sorted(k for k in own if k not in sd and not k.startswith("head."))
-    extra = sorted(k for k in sd if k not in own)
-    wrong = sorted(k for k in sd if k in own and sd[k].shape != own[k].shape)
-    if missing or extra or wrong:
-        raise ValueError(f"finetune: the teacher's weights do not fit the student (missing {missing[:5]}, unexpected "
-                         f"{extra[:5]}, other shapes {wrong[:5]}): create the student with the teacher's shape")
-    student.load_state_dict({**own, **{k: v.to(own[k].dtype) for k, v in sd.items()}})
-    return student
-
-@register_method("ce", paper="baseline", summary="cross-entropy from scratch (or from whatever weights the student has)")
+@register_method("ce", paper="baseline", student="any",
+                 summary="cross-entropy from scratch (or from whatever weights the student has), of any classifier")
 def _ce(student, teacher):
-    return student, Method()
+    return student, class_head_ce() if getattr(student, "distilled_training", False) else Method()
+
+def class_head_ce() -> Method:
+    """Plain CE for a DeiT student in distilled training mode (it returns (class, distillation) logits): CE on the class
+    head; the distillation head is trained by no term and averaged into the prediction at test time, as DeiT's code
+    does with `--distillation-type none` on a distilled model (the AAL paper profile's DeiT-S)."""
+    def forward(ctx: StepContext) -> None:
+        ctx.out = ctx.train_model(ctx.x)
+        ctx.logits, ctx.dist_logits = ctx.out if isinstance(ctx.out, (tuple, list)) else (ctx.out, None)
+    method = Method(forward=forward)
+    method.composable_forward = True
+    return method
 
 @register_method("finetune", paper="baseline", teacher="vit",
-                 summary="fine-tuning: the student starts from all of the teacher's weights but the head")
+                 summary="fine-tuning: the student starts from all of the teacher's weights but the head (a "
+                         "global_pool='avg' student drops the final norm and keeps a fresh fc_norm, as MAE's)")
 def _finetune(student, teacher):
-    return _load_backbone(student, teacher), Method()
+    return load_pretrained_(student, teacher), Method()
 
 @register_method("kd", paper="baseline", teacher="cnn", teacher_classifies=True, T=4.0, ce_weight=0.5, kd_weight=0.5,
                  summary="knowledge distillation (Hinton et al.): CE + T^2 KL between the teacher's and the student's "
@@ -287,16 +286,32 @@ def _end_layer_blocks(student, layers, end_layer):
                          "(blocks 0..depth + end_layer - 1; the official -3 leaves out the last 3)")
     return list(range(depth + end_layer))
 
+def _distill_blocks(kind, student, layers, end_layer):
+    """The blocks a distillation reads: `layers` as given ('all': every block), the official `end_layer`, else the
+    default: attention distillation the paper's first 3/4 of the blocks (18 of 24; depth * 3 // 4), Q every block,
+    features the last block."""
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"layers={layers!r}: give block indices, 'all' (every block) or None (the paper's default)")
+        if end_layer is not None:
+            raise ValueError(f"give layers or end_layer, not both (layers={layers!r}, end_layer={end_layer!r})")
+        return None   # Distill's None: every block
+    layers = _end_layer_blocks(student, layers, end_layer)
+    if layers is None and kind == "attn":
+        return list(range(max(1, len(attention_blocks(student)) * 3 // 4)))
+    return layers
+
 def _teacher_distill(kind):
     def factory(student, teacher, layers=None, weight=3.0, ce_weight=1.0, shared_drop_path=True, end_layer=None):
-        layers = _end_layer_blocks(student, layers, end_layer)
+        layers = _distill_blocks(kind, student, layers, end_layer)
         d = Distill(kind, None if layers is None else tuple(layers), weight)
         return student, TeacherDistillMethod(teacher, [d], ce_weight=ce_weight, shared_drop_path=shared_drop_path)
     return factory
 
 register_method("attn_distill", paper="attention_transfer", teacher="vit", weight=3.0,
                 summary="Attention Distillation: CE + cross-entropy between the teacher's and the student's attention maps "
-                        "(every block unless `layers` says which; the paper distills the first 3/4, e.g. 18 of 24)"
+                        "of the first 3/4 of the blocks, as the paper (18 of 24); layers='all' every block, end_layer=-3 "
+                        "the official code's (all but the last 3)"
                 )(_teacher_distill("attn"))
 register_method("q_distill", paper="attention_transfer", teacher="vit", weight=3.0,
                 summary="distillation of the teacher's queries (Table 3)")(_teacher_distill("q"))
@@ -315,9 +330,10 @@ def _aal(student, teacher, teacher_blocks=None, lam=2000.0, gamma=0.99, gamma_la
 @register_method("pit_aal", paper="aal", teacher="cnn", student="pit", lam=2000.0, epochs=300,
                  summary="AAL on a PiT student: every stage's CLS maps on the first-stage grid (Table 6)")
 def _pit_aal(student, teacher, teacher_blocks=None, lam=2000.0, gamma=0.99, gamma_last_third=0.98, epochs=300,
-             links="full", teacher_mean=None, teacher_std=None, ce_weight=1.0):
+             links="full", teacher_mean=None, teacher_std=None, ce_weight=1.0, teacher_size=None):
     return student, pit_aal_method(student, teacher, teacher_blocks, lam, gamma, gamma_last_third, epochs, links,
-                                   teacher_mean=teacher_mean, teacher_std=teacher_std, ce_weight=ce_weight)
+                                   teacher_mean=teacher_mean, teacher_std=teacher_std, ce_weight=ce_weight,
+                                   teacher_size=teacher_size)
 
 def _deit(kind):
     def factory(student, teacher, ce_weight=0.5, dist_weight=0.5, T=3.0, teacher_mean=None, teacher_std=None,
@@ -336,25 +352,33 @@ register_method("deit_soft", paper="aal", teacher="cnn", student="deit", teacher
                 summary="DeiT soft distillation (KL at temperature T) through the distillation token")(_deit("soft"))
 
 # %% ../nbs/18_methods.ipynb #53c61187
+# grad_norm_every=n (GTA's family): log each term's gradient norm every n-th step (the update is unchanged)
 def _gta(kind, coef_default):
     if kind == "gta":
-        def factory(student, teacher, coef=coef_default, layers=None, center=False):
-            return student, transfer_method(kind, student, teacher, coef, layers, center=center)
+        def factory(student, teacher, coef=coef_default, layers=None, center=False, grad_norm_every=None):
+            return student, transfer_method(kind, student, teacher, coef, layers, center=center,
+                                            grad_norm_every=grad_norm_every)
+    elif kind == "gta_transmix":
+        def factory(student, teacher, coef=coef_default, layers=None, center=False, transmix=None, grad_norm_every=None):
+            return student, transfer_method(kind, student, teacher, coef, layers, transmix=transmix, center=center,
+                                            grad_norm_every=grad_norm_every)
     else:
-        def factory(student, teacher, coef=coef_default, layers=None):
-            return student, transfer_method(kind, student, teacher, coef, layers)
+        def factory(student, teacher, coef=coef_default, layers=None, grad_norm_every=None):
+            return student, transfer_method(kind, student, teacher, coef, layers, grad_norm_every=grad_norm_every)
     return factory
 
 def _finetune_variant(kind):
     def factory(student, teacher, **options):
         return student, transfer_method(kind, student, None, **options)
     params = [inspect.Parameter("student", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-              inspect.Parameter("teacher", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+              inspect.Parameter("teacher", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+              inspect.Parameter("grad_norm_every", inspect.Parameter.KEYWORD_ONLY, default=None)]
     if kind in DEFAULT_COEF:
         params.append(inspect.Parameter("coef", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT_COEF[kind]))
     if kind == "l2sp": params.append(inspect.Parameter("l2sp_beta", inspect.Parameter.KEYWORD_ONLY, default=0.01))
     if kind == "bss": params.append(inspect.Parameter("bss_k", inspect.Parameter.KEYWORD_ONLY, default=1))
-    if kind == "transmix": params.append(inspect.Parameter("transmix", inspect.Parameter.KEYWORD_ONLY, default=None))
+    if kind in ("transmix", "cutmix"):
+        params.append(inspect.Parameter("transmix", inspect.Parameter.KEYWORD_ONLY, default=None))
     factory.__signature__ = inspect.Signature(params)
     return factory
 
@@ -365,11 +389,15 @@ register_method("guide_block", paper="gta", teacher="vit", coef=DEFAULT_COEF["gu
                 summary="the same guidance on block outputs (Table 3)")(_gta("guide_block", DEFAULT_COEF["guide_block"]))
 register_method("guide_msa", paper="gta", teacher="vit", coef=DEFAULT_COEF["guide_msa"],
                 summary="the same guidance on MSA outputs (Table 3)")(_gta("guide_msa", DEFAULT_COEF["guide_msa"]))
+register_method("gta_transmix", paper="gta", teacher="vit", coef=DEFAULT_COEF["gta_transmix"],
+                summary="GTA with TransMix (Table 6)")(_gta("gta_transmix", DEFAULT_COEF["gta_transmix"]))
 for _kind, _summary in (("l2sp", "L2-SP: weights pulled towards their pre-trained values"),
                         ("bss", "Batch Spectral Shrinkage of the smallest singular values of the features"),
                         ("attention_only", "fine-tune only the attention layers (and the head)"),
                         ("ffn_only", "fine-tune only the MLP layers (and the head)"),
-                        ("transmix", "TransMix: CutMix with labels mixed by attention mass")):
+                        ("transmix", "TransMix: CutMix with labels mixed by attention mass"),
+                        ("cutmix", "CutMix: a box of another image pasted in, labels mixed by its area (TransMix's "
+                                   "baseline, Table 6)")):
     register_method(_kind, paper="gta", summary=_summary,
                     **({"coef": DEFAULT_COEF[_kind]} if _kind in DEFAULT_COEF else {}))(_finetune_variant(_kind))
 
@@ -378,7 +406,7 @@ for _kind, _summary in (("l2sp", "L2-SP: weights pulled towards their pre-traine
                  summary="PA (CLS regression through a projector) + lambda * KL between the last block's CLS attention maps")
 def _attndistill(student, teacher, proj_layers=4, feature_weight=1.0, attn_weight=0.1, T=10.0, aggregate="auto",
                  interpolate=True, attn_layers="last", attn_loss="kl", value_weight=False, patch_align_weight=0.0,
-                 compress_weight=0.0, compress_queue=4096):
+                 compress_weight=0.0, compress_queue=COMPRESS_QUEUE):
     return student, attndistill_method(student, teacher, proj_layers, feature_weight, attn_weight, T, aggregate,
                                        interpolate, attn_layers, attn_loss, value_weight, patch_align_weight,
                                        compress_weight, compress_queue)
@@ -402,13 +430,16 @@ def _attndistill_kl(student, teacher, attn_weight=0.1, T=10.0, aggregate="auto",
 # %% ../nbs/18_methods.ipynb #cb7a4739
 def _bootstrap(shared, w, w_hint):
     # down_sample_layers (None: Table 7's), pre_norm=False (post-norm agent blocks, the official ViT-B agents'),
-    # align=False (no gradient alignment; the official code has none; None: a shared agent aligns)
+    # align=False (no gradient alignment; the official code has none; None: a shared agent aligns); mlp_drop (None: a
+    # shared agent's MLP dropout is the ViT's, a private agent's none; the official agents' 0.1); the agent is
+    # `method.extra_modules["agent"]`
     def factory(student, teacher, epochs=240, agent_arch="res_like", mid_channels=64, stem_pool=True, layers=None,
                 adapt="sequence", T=4.0, w_ce=w, w_ce_agent=w, w_kd=w, w_kd_agent=w, w_hint=w_hint, hint_decay=True,
-                down_sample_layers=None, pre_norm=True, align=None):
+                down_sample_layers=None, pre_norm=True, align=None, stem_conv_stride=2, mlp_drop=None):
+        res_like = agent_arch == "res_like"   # the stem options concern the res-like stem only
         agent = AgentCNN(student, agent_arch, shared=shared, mid_channels=mid_channels,
-                         stem_pool=stem_pool if agent_arch == "res_like" else True,
-                         down_sample_layers=down_sample_layers, pre_norm=pre_norm)
+                         stem_pool=stem_pool if res_like else True, stem_conv_stride=stem_conv_stride if res_like else 2,
+                         mlp_drop=mlp_drop, down_sample_layers=down_sample_layers, pre_norm=pre_norm)
         return student, bootstrap_method(student, agent, epochs, layers, adapt, T, w_ce, w_ce_agent, w_kd, w_kd_agent,
                                          w_hint, hint_decay, align=align)
     return factory

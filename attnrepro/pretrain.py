@@ -715,7 +715,8 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
 from .attention import attention_maps
 from .data import denormalize
 from .models import load_teacher
-from .transfer import build_transfer   # the methods alone: transfer imports nothing from here
+from .methods import create_method   # the registry: it imports nothing from here
+from .transfer import scratch_student, vit_shape
 
 def gate_sets(recipe: Mapping, task: Mapping):
     "(train subset with the task's augmentation, test set) of a gate task of `recipe`, at the teachers' resolution."
@@ -733,8 +734,8 @@ def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir, progress: 
     tr, va = gate_sets(recipe, task)
     teacher = load_teacher(name, teacher_dir=teacher_dir) if name else None
     n_classes = len(get_dataset(task["data"]["name"], task["data"]["train_split"]).classes)
-    model, method = build_transfer("finetune" if name else "scratch", teacher, n_classes, shape=recipe["arch"],
-                                   seed=config["seed"])
+    student = scratch_student(vit_shape(teacher) if name else recipe["arch"], n_classes, seed=config["seed"])
+    model, method = create_method("finetune" if name else "ce", student, teacher)
     res = fit(model, tr, va, TrainConfig(**task["train"], seed=config["seed"]), method, ckpt_dir=ckpt_dir,
               progress=bool(recipe.get("progress", False)) if progress is None else progress)
     return dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"], n_val=res["final"]["n"], steps=res["steps"],

@@ -25,9 +25,9 @@ from .protocol import (LossTerm, Method, StepContext, TeacherPass, ce_term, exec
                                 run_teacher_passes)
 
 # %% auto #0
-__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'GLOBAL_POOLS', 'TRANSFER_METHODS', 'first_layers', 'last_layers', 'first_heads',
-           'has_drop_path', 'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod',
-           'vit_shape', 'scratch_student', 'pretrained_student', 'random_teacher', 'build_transfer', 'predict_logits',
+__all__ = ['COPY_SOURCES', 'DISTILL_KINDS', 'GLOBAL_POOLS', 'first_layers', 'last_layers', 'first_heads', 'has_drop_path',
+           'teacher_pass', 'teacher_forward', 'CopyModel', 'Distill', 'TeacherDistillMethod', 'vit_shape',
+           'scratch_student', 'load_pretrained_', 'pretrained_student', 'random_teacher', 'predict_logits',
            'ensemble_top1', 'block_features', 'layer_cka', 'effective_attention_maps', 'attention_info_counts',
            'model_info_counts']
 
@@ -310,61 +310,35 @@ def scratch_student(shape: dict, num_classes: int, drop_path_rate: float = 0.0, 
     kw = {} if global_pool is None else {"global_pool": global_pool}   # None: create_student's call (and init) as before
     return create_student(arch="vit", **shape, num_classes=num_classes, drop_path_rate=drop_path_rate, **kw)
 
-def pretrained_student(pretrained: nn.Module, num_classes: int, drop_path_rate: float = 0.0, seed: int = 0,
-                       global_pool: str | None = None) -> nn.Module:
-    """Fine-tuning init: a student of `pretrained`'s shape with all its weights and a new (seeded) head. With
-    `global_pool='avg'` the encoder's final norm is dropped and `fc_norm` starts fresh, as MAE's fine-tuning does
-    (`del self.norm`; its checkpoint load leaves `fc_norm` and `head` missing)."""
-    student = scratch_student(vit_shape(pretrained), num_classes, drop_path_rate, seed, global_pool)
+def load_pretrained_(student: nn.Module, pretrained: nn.Module) -> nn.Module:
+    """Fine-tuning init, in place: every weight of `pretrained` but its head into `student` (same shape), whose own head
+    (and, with `global_pool='avg'`, its fresh `fc_norm`) stays. An 'avg' student has no final norm: the encoder's is
+    dropped, as MAE's fine-tuning does (`del self.norm`; its checkpoint load leaves `fc_norm` and `head` missing)."""
     own = student.state_dict()
     sd = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("head.")}
     fresh = {k for k in own if k.startswith("head.")}
-    if global_pool == "avg":
-        sd = {k: v for k, v in sd.items() if not (k.startswith("norm.") and k not in own)}
+    if not any(k.startswith("norm.") for k in own):   # global_pool='avg': the final norm is an identity
+        sd = {k: v for k, v in sd.items() if not k.startswith("norm.")}
         fresh |= {k for k in own if k.startswith("fc_norm.") and k not in sd}
     missing = sorted(set(own) - set(sd) - fresh)
     extra = sorted(set(sd) - set(own))
-    if missing or extra:
-        raise ValueError(f"pretrained_student: keys differ from a create_student ViT: missing {missing[:8]}, "
-                         f"unexpected {extra[:8]}")
+    wrong = sorted(k for k in sd if k in own and sd[k].shape != own[k].shape)
+    if missing or extra or wrong:
+        raise ValueError(f"the pre-trained weights do not fit the student (missing {missing[:8]}, unexpected {extra[:8]}, "
+                         f"other shapes {wrong[:8]}): create the student with the pre-trained model's shape (vit_shape)")
     sd.update({k: v for k, v in own.items() if k in fresh})
     student.load_state_dict({k: v.to(own[k].dtype) for k, v in sd.items()})
     return student
 
+def pretrained_student(pretrained: nn.Module, num_classes: int, drop_path_rate: float = 0.0, seed: int = 0,
+                       global_pool: str | None = None) -> nn.Module:
+    "Fine-tuning init: a student of `pretrained`'s shape with all its weights and a new (seeded) head (`load_pretrained_`)."
+    return load_pretrained_(scratch_student(vit_shape(pretrained), num_classes, drop_path_rate, seed, global_pool),
+                            pretrained)
+
 def random_teacher(shape: dict, seed: int = 0) -> nn.Module:
     "The paper's 'none' pre-training row: a randomly initialised, frozen ViT used as a teacher."
     return scratch_student(shape, 0, 0.0, seed).eval().requires_grad_(False)
-
-# %% ../nbs/14_transfer.ipynb #ee1ba756
-TRANSFER_METHODS = ("scratch", "finetune", "copy", "distill", "q_distill", "feature_distill")
-
-def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, shape: dict | None = None,
-                   init: nn.Module | None = None, layers: Sequence[int] | None = None,
-                   heads: Sequence[int] | None = None, source: str = "maps",
-                   aggregate: str | Sequence[str] | None = None, weight: float = 1.0,
-                   drop_path_rate: float = 0.0, shared_drop_path: bool = True, seed: int = 0,
-                   global_pool: str | None = None) -> tuple[nn.Module, Method]:
-    """(model to train and evaluate, Method) for one row of the attention-transfer tables (see the table above);
-    `global_pool`: the student's classifier pooling (`scratch_student`)."""
-    if method not in TRANSFER_METHODS:
-        raise ValueError(f"build_transfer: method={method!r}; choose one of {TRANSFER_METHODS}")
-    if method != "scratch" and teacher is None and not (method == "finetune" and init is not None):
-        raise ValueError(f"build_transfer: method={method!r} needs a teacher")
-    shape = shape or vit_shape(teacher if teacher is not None else init)
-    if init is not None:
-        student = pretrained_student(init, num_classes, drop_path_rate, seed, global_pool)
-    elif method == "finetune":
-        student = pretrained_student(teacher, num_classes, drop_path_rate, seed, global_pool)
-    else:
-        student = scratch_student(shape, num_classes, drop_path_rate, seed, global_pool)
-    if method in ("scratch", "finetune"):
-        return student, Method(name=method)
-    if method == "copy":
-        return CopyModel(student, teacher, layers, heads, source, aggregate, shared_drop_path), Method(name="copy")
-    kind = {"distill": "attn", "q_distill": "q", "feature_distill": "feature"}[method]
-    layers = None if layers is None else tuple(layers)
-    return student, TeacherDistillMethod(teacher, [Distill(kind, layers, weight)], shared_drop_path=shared_drop_path,
-                                         name=method)
 
 # %% ../nbs/14_transfer.ipynb #721ec894
 @torch.no_grad()

@@ -494,7 +494,8 @@ def test_paper_profile_keeps_the_official_batch_and_loss_weights():
 def test_paper_profile_follows_the_official_configs():
     """Issue #47: the paper profile's clipping, dropout, CNN momentum and crops as the official code applies them
     (zhfeing/Bootstrapping-ViTs-pytorch configs; the YAML comments cite each line)."""
-    from attnrepro.papers.bootstrapping_vit import make_agent, run_config
+    from attnrepro.methods import create_method
+    from attnrepro.papers.bootstrapping_vit import REGISTRY_NAMES, make_agent, method_options, run_config
     from attnrepro.report import load_profile
     P = load_profile("bootstrapping_vit", "paper")
     clip = lambda m, size="S", ds="c10": run_config(P, m, ds=ds, size=size)["train"].get("grad_clip")
@@ -511,7 +512,9 @@ def test_paper_profile_follows_the_official_configs():
     for m, size, p in (("Agent", "B", 0.1), ("Joint", "B", 0.1), ("Shared", "S", 0.1), ("Shared", "B", 0.0)):
         cfg = run_config(P, m, ds="c10", size=size)
         vit = create_student("vit", num_classes=10, **dict(cfg["model"], img_size=32, patch_size=16))
-        agent = make_agent(vit, cfg["agent"], shared=m == "Shared")
+        # as train_run builds them: a lone agent by make_agent, a joint or shared one by the registry's method
+        agent = (make_agent(vit, cfg["agent"]) if m == "Agent" else
+                 create_method(REGISTRY_NAMES[m], vit, **method_options(cfg, 1))[1].extra_modules["agent"])
         assert [getattr(b.drop, "p", 0.0) for b in agent.blocks] == [p] * len(agent.blocks), (m, size)
     assert run_config(P, "ResNet50", ds="c10")["train"]["momentum"] == 0.0   # torch SGD's default: none given
     # crops: CIFAR pad-4 random crop at 32 px then resize, evaluation resized to 224 uncropped; ImageNet 0.6-1

@@ -30,7 +30,7 @@ def test_every_row_is_one_experiment_of_one_recipe(profile):
     if profile != "smoke": assert len(P["seeds"]) >= 3 and len(P["fractions"]["per_class"]) >= 3
     three_quarters = {r["name"]: e.options.get("layers") for r, e in zip(P["rows"], exps) if r["method"] == "attn_distill"}
     assert three_quarters["Attention Distillation (first 3/4)"] == list(range(max(1, 3 * P["student"]["depth"] // 4)))
-    assert three_quarters["Attention Distillation (all blocks)"] is None   # the registry's default: every block
+    assert three_quarters["Attention Distillation (all blocks)"] == "all"   # the registry's default is the paper's 3/4
 
 
 def test_per_part_teachers_are_checked_and_used():

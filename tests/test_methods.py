@@ -31,7 +31,7 @@ def build_with_teacher(name: str, seed: int = 0, **options):
     info = method_info(name)
     torch.manual_seed(seed)
     depth = 3 if info.student == "pit" else 2
-    student = create_student(info.student, img_size=32, patch_size=8, embed_dim=32, depth=depth, num_heads=2,
+    student = create_student("vit" if info.student == "any" else info.student, img_size=32, patch_size=8, embed_dim=32, depth=depth, num_heads=2,
                              num_classes=10 if info.head else 0)
     teacher = None
     if info.teacher == "cnn":
@@ -283,7 +283,17 @@ def test_official_code_options():
     assert create_method("attn_copy", vit(), src, end_layer=-3)[0].layers == [0]
     assert create_method("attn_copy", vit(), src)[0].layers == [0, 1, 2, 3]
     _, m = create_method("attn_distill", vit(), src, end_layer=-1)
-    assert m.distill[0].layers == (0, 1, 2) and create_method("attn_distill", vit(), src)[1].distill[0].layers is None
+    assert m.distill[0].layers == (0, 1, 2)
+    # the default is the paper's first 3/4 of the blocks (18 of 24); 'all' every block (Distill's None)
+    assert create_method("attn_distill", vit(), src)[1].distill[0].layers == (0, 1, 2)
+    assert create_method("attn_distill", vit(), src, layers="all")[1].distill[0].layers is None
+    deep = create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=24, num_heads=2, num_classes=10)
+    assert create_method("attn_distill", deep, create_student("vit", img_size=32, patch_size=8, embed_dim=32, depth=24,
+                                                              num_heads=2, num_classes=0))[1].distill[0].layers == tuple(range(18))
+    assert create_method("q_distill", vit(), src)[1].distill[0].layers is None   # Q: every block, as before
+    for bad in ("first", "ALL"):
+        with pytest.raises(ValueError, match=rf"layers={bad!r}: give block indices, 'all'"):
+            create_method("attn_distill", vit(), src, layers=bad)
     for bad in (1, -4, 0.5, True, "-3"):
         with pytest.raises(ValueError, match=rf"end_layer={bad!r}: must be an int in -3..0"):
             create_method("attn_distill", vit(), src, end_layer=bad)
@@ -350,3 +360,20 @@ def test_kd_term_matches_hintons_formula():
     with pytest.raises(ValueError, match="must predict the student's classes"):
         ctx.logits = torch.zeros(2, 3)
         method.terms[1].fn(ctx)
+
+
+def test_ce_trains_any_classifier():
+    """`ce` (the papers' plain baselines, issue #46: every run through the registry) trains any classifier: a DeiT in
+    distilled mode on its class head (its distillation head gets no term), a CNN, a ViT."""
+    cfg = TrainConfig(epochs=1, batch_size=BATCH, lr=1e-3, warmup_epochs=0, seed=0)
+    deit = create_student("deit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+    deit.set_distilled_training(True)
+    dist_head, cls_head = deit.head_dist.weight.detach().clone(), deit.head.weight.detach().clone()
+    for student in (deit, cifar_resnet(20)):
+        model, method = create_method("ce", student)
+        assert model is student and method.name == "ce" and [t.name for t in method.terms] == ["ce"]
+        res = fit(model, data(), data(), cfg, method=method, progress=False)
+        assert res["steps"] == N // BATCH and math.isfinite(res["history"][-1]["loss_ce"])
+    assert torch.equal(deit.head_dist.weight.detach().cpu(), dist_head)   # no term trains the distillation head
+    assert not torch.equal(deit.head.weight.detach().cpu(), cls_head)   # the class head's CE does
+    assert method_info("ce").student == "any" and {"cutmix", "gta_transmix"} <= set(list_methods("gta"))

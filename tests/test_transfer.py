@@ -12,9 +12,10 @@ from attnrepro.attention import AttentionCapture
 from attnrepro.core import seed_everything
 from attnrepro.losses import attention_distillation_loss
 from attnrepro.models import create_student
+from attnrepro.papers.attention_transfer import build_transfer
 from attnrepro.train import TrainConfig, fit
 from attnrepro.protocol import StepContext
-from attnrepro.transfer import (CopyModel, block_features, Distill, TeacherDistillMethod, attention_info_counts, build_transfer,
+from attnrepro.transfer import (CopyModel, block_features, Distill, TeacherDistillMethod, attention_info_counts,
                                 effective_attention_maps, ensemble_top1, first_layers, last_layers, layer_cka,
                                 model_info_counts, predict_logits, pretrained_student, teacher_forward, vit_shape)
 
@@ -187,7 +188,7 @@ def test_pretrained_student_and_errors():
     assert all(torch.equal(a, b) for (k, a), (_, b) in zip(t.state_dict().items(), ft.state_dict().items())
                if not k.startswith("head"))
     no_bias = create_student(**KW, num_classes=0, qkv_bias=False)   # same shape, other keys: refused, not half-loaded
-    with pytest.raises(ValueError, match="keys differ"):
+    with pytest.raises(ValueError, match="do not fit the student"):
         pretrained_student(no_bias, 7)
     with pytest.raises(ValueError, match="choose one of"):
         build_transfer("tune", t, 5)

@@ -16,10 +16,9 @@ from ..attention import AttentionCapture, on_model_device
 from ..data import IMAGENET_MEAN, IMAGENET_STD
 from ..protocol import Method, StepContext
 
-from ..aal import (AttentionLinks, aal_decay_rates, aal_method, aal_param_count, cls_attention_maps,
-                           deit_distillation_term, distill_method, link_history, link_magnitudes, link_pair_scores,
-                           paper_link_mask, pit_aal_method, renormalize, resample_link_mask, restrict_to_classes,
-                           select_links, vit_map_layout)
+from ..aal import (AttentionLinks, aal_decay_rates, aal_param_count, cls_attention_maps, link_history,
+                           link_magnitudes, link_pair_scores, paper_link_mask, renormalize, resample_link_mask,
+                           restrict_to_classes, select_links, vit_map_layout)
 
 # %% auto #0
 __all__ = ['NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL', 'T5_SOFT', 'T5_HARD', 'T5_AAL_HARD', 'AAL_METHODS', 'LAST_THIRD_RULE',
@@ -28,19 +27,19 @@ __all__ = ['NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL', 'T5_SOFT', 'T5_HARD', 'T5_
            'claim_cifar_aal_beats_label_distillation', 'claim_lambda_best', 'claim_decay_beats_fixed',
            'link_depth_correlation', 'top_layer_share', 'init_link_magnitude', 'claim_links_follow_depth',
            'links_learned', 'epochs_to_reach', 'claim_converges_faster', 'claim_localises_better', 'frozen_teacher',
-           'teacher_stats', 'label_teacher', 'run_datasets', 'lambda_gammas', 'load_backbone_', 'cls_head_ce_method',
-           'build_run', 'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist', 'train_config', 'run_recipe',
-           'train_run', 'teacher_top1', 'train_kw', 'aal_spec', 'convit_arch', 'step_time_config', 'deit_spec',
-           'regime_config', 'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run',
-           'link_ranges', 'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes',
-           'plot_link_evolution', 'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words',
-           'hit_arm', 'seeded', 'CachedRuns', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2',
-           'table_2_gaps', 'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items',
-           'run_grouped', 'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B',
-           'wsol_gt_rule', 'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms',
-           'ablation_agreements', 'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data',
-           'check_gap', 'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol',
-           'check_lambda', 'check_decay']
+           'teacher_stats', 'label_teacher', 'run_datasets', 'lambda_gammas', 'load_backbone_', 'build_run',
+           'cls_mean_maps', 'boxes_in_view', 'wsol_probe', 'abs_hist', 'train_config', 'run_recipe', 'train_run',
+           'teacher_top1', 'train_kw', 'aal_spec', 'convit_arch', 'step_time_config', 'deit_spec', 'regime_config',
+           'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run', 'link_ranges',
+           'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes', 'plot_link_evolution',
+           'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words', 'hit_arm', 'seeded',
+           'CachedRuns', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps',
+           'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped',
+           'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
+           'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
+           'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data', 'check_gap',
+           'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda',
+           'check_decay']
 
 # %% ../../nbs/12b_aal_paper.ipynb #0874f7c8
 from scipy.stats import spearmanr
@@ -220,6 +219,7 @@ from ..core import seed_everything
 from ..data import (AUGMENT_PRESETS, FileImageDataset, LabelledSubset, class_balanced_subset, eval_frame_boxes,
                             eval_transform, get_dataset, train_transform)
 from ..evaluate import MAXBOXACC_GT_ENDS, max_box_acc, upsample_maps
+from ..methods import create_method
 from ..models import create_student, load_teacher
 from ..scale import ProcessCache, dry_run_cpu_batch, dry_run_steps
 from ..train import TrainConfig, fit
@@ -280,17 +280,6 @@ def load_backbone_(student: nn.Module, spec: str) -> None:
         raise ValueError(f"{spec} does not fit the student: missing {[k for k in missing if not k.startswith('head')]}, "
                          f"unexpected {unexpected}")
 
-def cls_head_ce_method() -> Method:
-    """Plain CE for a DeiT student in distilled training mode (it returns (class, distillation) logits): CE on the class
-    head; the distillation head is trained by no term and averaged into the prediction at test time, as DeiT's code
-    does with `--distillation-type none` on a distilled model (the paper profile's DeiT-S, decision 1)."""
-    def forward(ctx: StepContext) -> None:
-        ctx.out = ctx.train_model(ctx.x)
-        ctx.logits, ctx.dist_logits = ctx.out if isinstance(ctx.out, (tuple, list)) else (ctx.out, None)
-    method = Method(name="supervised", forward=forward)
-    method.composable_forward = True
-    return method
-
 def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Method | None]:
     """Student and method (None: plain CE) of a run config; `distill`: the recipe's label-distillation weights. A 'deit'
     student trains in distilled mode: without a label-distillation term (the paper profile's CE and CE + AAL runs on
@@ -307,26 +296,25 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
     if config.get("init"): load_backbone_(student, config["init"])   # Table B's transfer rows (paper profile)
     if arch["arch"] == "deit":
         student.set_distilled_training(True)
-    if m["kind"] == "ce":
-        return student, cls_head_ce_method() if arch["arch"] == "deit" else None
+    if m["kind"] == "ce":   # the registry's 'ce': a distilled-mode DeiT's class head only (decision 1)
+        return create_method("ce", student)
+    d = distill[kind] if kind else {}
+    label = dict(ce_weight=d["ce_weight"], dist_weight=d["weight"], T=d.get("T", 1.0)) if kind else {}
     if m["kind"] == "deit":
-        d = distill[kind]
-        return student, distill_method(label_teacher(m["teacher"], classes), kind,
-                                       *teacher_stats(frozen_teacher(m["teacher"])), ce_weight=d["ce_weight"],
-                                       dist_weight=d["weight"], T=d.get("T", 1.0), teacher_size=ts)
+        return create_method(f"deit_{kind}", student, label_teacher(m["teacher"], classes),
+                             **dict(zip(("teacher_mean", "teacher_std"), teacher_stats(frozen_teacher(m["teacher"])))),
+                             teacher_size=ts, **label)
     t = frozen_teacher(m["teacher"])
     g, g_last = lambda_gammas(m, epochs)
+    aal = dict(lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs, teacher_size=ts)
     if m["kind"] == "pit_aal":
-        t_mean, t_std = teacher_stats(t)
-        return student, pit_aal_method(student, t, lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs,
-                                       teacher_mean=t_mean, teacher_std=t_std, teacher_size=ts)
+        return create_method("pit_aal", student, t, **aal,
+                             **dict(zip(("teacher_mean", "teacher_std"), teacher_stats(t))))
     links = torch.tensor(m["links"], dtype=torch.bool) if isinstance(m["links"], list) else m["links"]
-    terms = [deit_distillation_term(kind, distill[kind]["weight"], distill[kind].get("T", 1.0))] if kind else []
-    method = aal_method(student, t, lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs, links=links,
-                        ce_weight=distill[kind]["ce_weight"] if kind else 1.0, extra_terms=terms, teacher_size=ts)
     if kind and label_teacher(m["teacher"], classes) is not t:   # AAL + hard: the teacher must predict these classes
         raise ValueError("AAL + label distillation here uses a teacher trained on the student's classes")
-    return student, method
+    # AAL + hard: the registered composition (one shared CE term; bit-identical to AAL with a DeiT term added)
+    return create_method(f"aal+deit_{kind}" if kind else "aal", student, t, links=links, **aal, **label)
 
 def cls_mean_maps(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     "Mean of all Eq. 3 maps (every head of every layer): (B, h, w)."

@@ -4,30 +4,63 @@
 
 # %% ../../nbs/14b_transfer_paper.ipynb #a7c1e004
 from __future__ import annotations
-import copy, dataclasses
+import dataclasses
 from typing import Sequence
 
 import torch
 import torch.nn as nn
 
-from ..transfer import (attention_info_counts, build_transfer, effective_attention_maps, first_layers, layer_cka,
-                                predict_logits, random_teacher)
+from ..methods import create_method, method_info
+from ..protocol import Method
+from ..transfer import (attention_info_counts, effective_attention_maps, first_layers, layer_cka, predict_logits,
+                                pretrained_student, random_teacher, scratch_student, vit_shape)
 
 # %% auto #0
-__all__ = ['DRY_EVAL', 'CLAIM_TEXTS', 'CORRUPTIONS', 'PAPER', 'NOT_OFFLINE', 'ONE_SEED', 'NO_SHIFTED', 'FINETUNE_MARGIN',
-           'analysis_set', 'ema_weights', 'reports_ema', 'TransferRuns', 'InertCheck', 'claim_copy_closes_gap',
-           'claim_distill_matches_finetune', 'claim_q_beats_k_v', 'claim_more_and_later_layers',
-           'claim_features_dissimilar', 'claim_ensemble_beats_finetune', 'claim_ensemble_adds_over_scratch',
-           'claim_aggregation_hurts_most', 'analysis_images', 'ensemble_run', 'ood_run', 'cka_run', 'jsd_run',
-           'vis_run', 'bench_run', 'plot_teaser', 'plot_partial_copy', 'plot_cka_ensembles', 'plot_head_jsd',
-           'plot_attention_maps', 'hits_arm', 'ci_text', 'effect_text', 'weights_note', 'vs_text', 'recipe_table',
-           'table_10_info_accounting', 'table_pilot', 'pilot_reuse', 'ensemble_arm', 'table_1', 'figure_1', 'Sweep',
-           'table_2_qkv', 'table_3_q_distill', 'table_3_partial', 'table_12_aggregated', 'table_13_kd',
-           'table_8_distill_lambda', 'table_8_distill_layers', 'table_4_pretrain_data', 'table_5_inat', 'table_6_ood',
-           'table_7_pretrain_method', 'table_14_mix_match', 'table_8_model_size', 'table_9_detection', 'bench_config',
-           'table_11_cost', 'mean_cka', 'table_4_cka', 'table_5_ensemble', 'attention_map_figures', 'per_seed_text',
-           'cka_arms', 'finetune_gate', 'attention_flatness', 'table_teacher_attention', 'teacher_pretraining',
-           'regime_text']
+__all__ = ['TRANSFER_METHODS', 'DRY_EVAL', 'CLAIM_TEXTS', 'CORRUPTIONS', 'PAPER', 'NOT_OFFLINE', 'ONE_SEED', 'NO_SHIFTED',
+           'FINETUNE_MARGIN', 'build_transfer', 'analysis_set', 'ema_weights', 'reports_ema', 'TransferRuns',
+           'InertCheck', 'claim_copy_closes_gap', 'claim_distill_matches_finetune', 'claim_q_beats_k_v',
+           'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
+           'claim_ensemble_adds_over_scratch', 'claim_aggregation_hurts_most', 'analysis_images', 'ensemble_run',
+           'ood_run', 'cka_run', 'jsd_run', 'vis_run', 'bench_run', 'plot_teaser', 'plot_partial_copy',
+           'plot_cka_ensembles', 'plot_head_jsd', 'plot_attention_maps', 'hits_arm', 'ci_text', 'effect_text',
+           'weights_note', 'vs_text', 'recipe_table', 'table_10_info_accounting', 'table_pilot', 'pilot_reuse',
+           'ensemble_arm', 'table_1', 'figure_1', 'Sweep', 'table_2_qkv', 'table_3_q_distill', 'table_3_partial',
+           'table_12_aggregated', 'table_13_kd', 'table_8_distill_lambda', 'table_8_distill_layers',
+           'table_4_pretrain_data', 'table_5_inat', 'table_6_ood', 'table_7_pretrain_method', 'table_14_mix_match',
+           'table_8_model_size', 'table_9_detection', 'bench_config', 'table_11_cost', 'mean_cka', 'table_4_cka',
+           'table_5_ensemble', 'attention_map_figures', 'per_seed_text', 'cka_arms', 'finetune_gate',
+           'attention_flatness', 'table_teacher_attention', 'teacher_pretraining', 'regime_text']
+
+# %% ../../nbs/14b_transfer_paper.ipynb #ee1ba756
+TRANSFER_METHODS = {"scratch": "ce", "finetune": "finetune", "copy": "attn_copy", "distill": "attn_distill",
+                    "q_distill": "q_distill", "feature_distill": "feature_distill"}   # table row -> registry name
+
+def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, shape: dict | None = None,
+                   init: nn.Module | None = None, layers: Sequence[int] | None = None,
+                   heads: Sequence[int] | None = None, source: str = "maps",
+                   aggregate: str | Sequence[str] | None = None, weight: float = 1.0,
+                   drop_path_rate: float = 0.0, shared_drop_path: bool = True, seed: int = 0,
+                   global_pool: str | None = None) -> tuple[nn.Module, Method]:
+    """(model to train and evaluate, Method) for one row of the attention-transfer tables (see the table above), built by
+    `create_method`; `global_pool`: the student's classifier pooling (`scratch_student`)."""
+    if method not in TRANSFER_METHODS:
+        raise ValueError(f"build_transfer: method={method!r}; choose one of {list(TRANSFER_METHODS)}")
+    if method != "scratch" and teacher is None and not (method == "finetune" and init is not None):
+        raise ValueError(f"build_transfer: method={method!r} needs a teacher")
+    shape = shape or vit_shape(teacher if teacher is not None else init)
+    if init is not None:
+        student = pretrained_student(init, num_classes, drop_path_rate, seed, global_pool)
+    else:   # fine-tuning: the teacher's shape (the registry's 'finetune' loads its weights)
+        student = scratch_student(vit_shape(teacher) if method == "finetune" else shape, num_classes, drop_path_rate,
+                                  seed, global_pool)
+    name = TRANSFER_METHODS[method]
+    if init is not None and method == "finetune": name = "ce"   # already holds init's weights
+    if layers is None and name == "attn_distill": layers = "all"   # a row's None: every block (rows name their blocks)
+    options = (dict(layers=layers, heads=heads, source=source, aggregate=aggregate, shared_drop_path=shared_drop_path)
+               if method == "copy" else dict(layers=layers, weight=weight, shared_drop_path=shared_drop_path)
+               if name.endswith("distill") else {})
+    return create_method(name, student, teacher if method_info(name).teacher else None, **options)
+
 
 # %% ../../nbs/14b_transfer_paper.ipynb #0f342225
 import json

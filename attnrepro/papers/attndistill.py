@@ -12,7 +12,7 @@ from torch import nn
 
 from ..models import describe_model
 
-from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, attndistill_method, cls_attention_loss,
+from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, cls_attention_loss,
                                    projector_layer_features)
 
 # %% auto #0
@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 from ..attention import attention_maps
 from ..data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset
 from ..evaluate import knn_accuracy, linear_probe
+from ..methods import create_method
 from ..models import create_student, teacher_available
 from ..pretrain import cls_features, get_teacher, mae_transform, spread_indices
 from ..scale import ProcessCache, dry_run_steps
@@ -162,7 +163,8 @@ def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = Fal
     teacher = run_teacher(config["teacher"], img, recipe.get("teacher_arch"))
     torch.manual_seed(config["seed"])
     student = create_student("vit", img_size=img, num_classes=0, **config["student"])
-    method = attndistill_method(student, teacher, **config["method"])   # compress_queue: in the config (variant_config)
+    # the registry's method (compress_queue: in the config, variant_config)
+    _, method = create_method("attndistill", student, teacher, **config["method"])
     cfg = train_config(config["train"], config["seed"])
     res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
     t0 = time.time()

@@ -11,24 +11,24 @@ import torch.nn as nn
 
 from ..models import intermediate_features
 
-from ..bootstrapping import AgentCNN, bootstrap_method, describe_agent, sam_method, sparse_attention_
+from ..bootstrapping import AgentCNN, describe_agent
 
 # %% auto #0
-__all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'FAR_POINTS', 'SHARED_COST_POINTS', 'NO_SPREAD',
-           'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS', 'HITS_FIELD', 'AGENT_KEYS', 'PAPER_T3',
-           'PAPER_REGIME', 'NAMES4', 'PadRandomCrop', 'run_transforms', 'load_run_data', 'vit_spec', 'make_agent',
-           'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval', 'visualize',
-           'run_options', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
-           'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
-           'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
-           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity',
-           'plot_layer_removal', 'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements',
-           'table_2', 'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_requests', 'headline_arms',
-           'SeedNoise', 'table_seed_spread', 'teacher_gate', 'table_1', 'fraction_pool', 'fraction_size',
-           'fraction_epochs', 'fraction_runnable', 'fraction_regime', 'table_3', 'pilot_requests', 'notebook_requests',
-           'table_4', 'table_5', 'sweep_regime', 'table_sensitivity', 'table_layer_removal', 'viz_figures', 'regime',
-           'fraction_claim_regime', 'dataset_evidence', 'table4_arms', 'table5_arms', 'fraction_arms',
-           'fraction_evidence']
+__all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'REGISTRY_NAMES', 'FAR_POINTS', 'SHARED_COST_POINTS',
+           'NO_SPREAD', 'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS', 'HITS_FIELD', 'AGENT_KEYS',
+           'PAPER_T3', 'PAPER_REGIME', 'NAMES4', 'PadRandomCrop', 'run_transforms', 'load_run_data', 'vit_spec',
+           'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval',
+           'visualize', 'run_options', 'method_options', 'train_run', 'agent_stages', 'beats', 'arm_means',
+           'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse', 'claim_vit_above_agent',
+           'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps',
+           'claim_sequence_beats_avgpool', 'claim_reslike_beats_base', 'claim_gain_larger_when_scarce',
+           'plot_learning_curves', 'plot_sensitivity', 'plot_layer_removal', 'plot_viz_rows', 'beside',
+           'reason_not_run', 'dataset_labels', 'paper_requirements', 'table_2', 'table_agent_layers', 'pilot_runs',
+           'table_pilot', 'headline_requests', 'headline_arms', 'SeedNoise', 'table_seed_spread', 'teacher_gate',
+           'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs', 'fraction_runnable', 'fraction_regime',
+           'table_3', 'pilot_requests', 'notebook_requests', 'table_4', 'table_5', 'sweep_regime', 'table_sensitivity',
+           'table_layer_removal', 'viz_figures', 'regime', 'fraction_claim_regime', 'dataset_evidence', 'table4_arms',
+           'table5_arms', 'fraction_arms', 'fraction_evidence']
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #cb3f6e7e
 import json
@@ -46,6 +46,7 @@ from ..data import train_transform
 from ..models import count_flops, create_student, teacher_available
 from ..pretrain import get_teacher
 from ..scale import ProcessCache, dry_run_steps
+from ..methods import create_method
 from ..train import CKPT_NAME, TrainConfig, evaluate, fit
 from ..verdicts import pack_correct
 
@@ -228,6 +229,22 @@ def run_options(recipe: Mapping) -> dict:
     return dict(img_size=recipe["img_size"], eval_batch=recipe["eval_batch"], progress=bool(recipe.get("progress")),
                 keep_checkpoints=recipe.get("keep_checkpoints", True))
 
+REGISTRY_NAMES = {"ViT-SAM": "sam", "ViT-Sparse": "sparse", "Joint": "bootstrap_joint", "Shared": "bootstrap_shared"}
+# every other row (ViT, Agent, Pretrained, the CNNs) trains with plain CE: the registry's 'ce'
+
+def method_options(config: Mapping, epochs: int) -> dict:
+    """`create_method`'s options of a run config: SAM's and ViT-Sparse's own keys; Joint / Shared the loss weights and
+    the agent (`make_agent`'s keys: `mlp_drop` the private agent's only, a shared agent's MLP being the ViT's)."""
+    method = config["method"]
+    if method == "ViT-SAM": return dict(config["sam"])
+    if method == "ViT-Sparse": return dict(config["sparse"])
+    if method not in ("Joint", "Shared"): return {}
+    a = config["agent"]
+    agent = dict(agent_arch=a["arch"], mid_channels=a["mid_channels"], stem_pool=a["stem_pool"],
+                 stem_conv_stride=a.get("stem_conv_stride", 2))
+    if method == "Joint": agent["mlp_drop"] = a.get("mlp_drop", 0.0)
+    return dict(config["loss"], epochs=epochs, **agent)
+
 def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     "Train one run config of the bootstrapping_vit notebook (`recipe`: its profile, or its `run_options`); a small JSON-able result."
     torch.manual_seed(config["train"]["seed"])
@@ -243,18 +260,13 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
         model = vit
         if method == "Agent":
             model, vit = make_agent(vit, config["agent"]), None
-        elif method == "ViT-Sparse":
-            sparse_attention_(vit, **config["sparse"])
-        elif method in ("Joint", "Shared"):
-            agent = make_agent(vit, config["agent"], shared=method == "Shared")
     cfg = TrainConfig(**config["train"])
+    model, m = create_method(REGISTRY_NAMES.get(method, "ce"), model, **method_options(config, cfg.epochs))
+    agent = m.extra_modules.get("agent")   # Joint / Shared: the agent CNN trained beside the ViT
     if cfg.amp and dry_run_steps() and not torch.cuda.is_available():
         # a CPU dry run: bf16 autocast without native bf16 kernels is ~5x slower than fp32 here, and a CPU's timing of
         # a GPU recipe projects nothing; fp32 lets the dry run reach the notebook's end (its probe says amp False)
         cfg = replace(cfg, amp=False)
-    L = config.get("loss")
-    m = (sam_method(**config["sam"]) if method == "ViT-SAM" else
-         bootstrap_method(vit, agent, cfg.epochs, **{k: v for k, v in L.items()}) if agent is not None else None)
     res = fit(model, tr, curve, cfg, m, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress")),
               evaluate_fn=curve_eval(agent))
     # a dry run's numbers are meaningless and fit already timed the evaluation: score a handful of images, not the val set

@@ -20,22 +20,21 @@ from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Ve
                                 pooled_sd, provided, seed_blocked, untestable)
 
 from ..gta import (ClassGroup, DEFAULT_COEF, attention_jaccard, best_coef, cls_attention, finetune_transform,
-                           frozen_copy, grad_norm_summary, heldout_split, target_from_source, tie_text, to_pixels,
-                           transfer_method)
+                           frozen_copy, grad_norm_summary, heldout_split, target_from_source, tie_text, to_pixels)
 
 # %% auto #0
 __all__ = ['GRAD_NORM_LOGS', 'GTA_TRAIN_KEYS', 'RUN_SET_FIELDS', 'FINETUNE_DEFAULTS', 'DRY_RUN_IMAGES', 'ENTROPY_IMAGES',
            'NO_SPREAD', 'CLAIM_TEXTS', 'COEF_NAME', 'NOT_IN_TEXT', 'load_source', 'target_dataset', 'batch_and_epochs',
            'steps_for', 'target_domain', 'box_target', 'framed_boxes', 'run_config', 'attention_outputs',
-           'dry_run_head', 'check_train_keys', 'finetune_train_config', 'finetune_run', 'pretrained_attention_run',
-           'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor', 'pilot_arm_steps',
-           'pilot_config', 'pilot_name', 'source_cls_entropy', 'source_gate', 'seed_spread', 'seeds_arm', 'rate_label',
-           'not_inert', 'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
-           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows',
-           'plot_attention_overlays', 'plot_attention_masks', 'plot_lambda_sweep', 'GtaRuns', 'pilot_groups',
-           'pilot_round', 'table_1', 'table_2', 'table_2b', 'table_2c', 'seeds_text', 'table_3',
-           'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6', 'means_text', 'table_source_entropy',
-           'table_agreement', 'table_lambda_limit']
+           'dry_run_head', 'check_train_keys', 'finetune_train_config', 'gta_method', 'finetune_run',
+           'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor',
+           'pilot_arm_steps', 'pilot_config', 'pilot_name', 'source_cls_entropy', 'source_gate', 'seed_spread',
+           'seeds_arm', 'rate_label', 'not_inert', 'claim_gain_shrinks_with_data', 'claim_beats_other_methods',
+           'claim_logits_beat_other_features', 'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more',
+           'claim_helps_both_sources', 'grad_norm_rows', 'plot_attention_overlays', 'plot_attention_masks',
+           'plot_lambda_sweep', 'GtaRuns', 'pilot_groups', 'pilot_round', 'table_1', 'table_2', 'table_2b', 'table_2c',
+           'seeds_text', 'table_3', 'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6', 'means_text',
+           'table_source_entropy', 'table_agreement', 'table_lambda_limit']
 
 # %% ../../nbs/15b_gta_paper.ipynb #26a55dbf
 import json
@@ -44,6 +43,7 @@ from ..core import seed_everything
 from ..data import class_balanced_subset, eval_frame_boxes, eval_transform, get_dataset
 from ..pretrain import get_teacher
 from ..scale import ProcessCache, dry_run_steps
+from ..methods import create_method, method_info
 from ..train import TrainConfig, evaluate, fit
 
 _SOURCES, _FRAMED = ProcessCache(), ProcessCache()   # once per process; a grid job gets them empty and loads its own
@@ -180,6 +180,15 @@ def finetune_train_config(t: Mapping, batch: int, epochs: int, seed: int, overri
     return TrainConfig(**{**FINETUNE_DEFAULTS, **passed, **dict(epochs=epochs, batch_size=batch, seed=seed,
                                                                 eval_every=epochs), **(overrides or {})})
 
+def gta_method(config: Mapping, target: nn.Module, source: nn.Module, **options):
+    """The registry's method of a run config (`create_method`): 'baseline' is plain CE ('ce'); the source serves the
+    methods that read it; `coef` and `center` only where the config sets them (absent: the method's defaults)."""
+    name = "ce" if config["method"] == "baseline" else config["method"]
+    if name == "ce": options.pop("grad_norm_every", None)   # no term besides CE whose gradient to log
+    if config.get("coef") is not None: options["coef"] = config["coef"]
+    if config.get("center"): options["center"] = True
+    return create_method(name, target, source if method_info(name).teacher else None, **options)[1]
+
 def finetune_run(config: Mapping, ckpt_dir) -> dict:
     "Fine-tune a target from the source with `config['method']`; test top-1, plus mask Jaccard / maps on a target with boxes."
     t, img = config["train"], config["img_size"]
@@ -195,8 +204,7 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
     test = target_dataset(config["dataset"], "test", eval_transform(img))
     torch.manual_seed(config["seed"])
     tgt = target_from_source(src, len(train.classes), drop_path_rate=t["drop_path"])
-    meth = transfer_method(config["method"], tgt, src, config["coef"], center=config.get("center", False),
-                           grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
+    meth = gta_method(config, tgt, src, grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
     batch, epochs = batch_and_epochs(len(train), t)   # the paper fixes iterations, not epochs
     cfg = finetune_train_config(t, batch, epochs, config["seed"], meth.train_overrides)   # every train key takes effect
     if cfg.amp and dry_run_steps() and not torch.cuda.is_available():
