@@ -945,11 +945,13 @@ def _peak_mb(device: torch.device) -> float:
 _TIMED_SHAPES: dict = {}   # --dry-run-quick: step shape -> what the first run of that shape measured
 
 def _step_shape(run: RunState, cfg: TrainConfig, train_data, has_val: bool, record_correct: bool, n_params: dict):
-    "What a step's cost depends on: method, model, trainable size, batch, precision, device and one sample's shape."
+    """What a step's cost depends on: method, model, trainable size (to 2 significant digits: a head of 10 or of 200
+    classes is one shape), batch, precision, device and one sample's shape."""
     ds = train_data.dataset if isinstance(train_data, DataLoader) else train_data
     try: shape = tuple(getattr(ds[0][0], "shape", ()))
     except Exception: shape = None   # noqa: an unindexable dataset: the key falls back to the rest
-    return (run.method.name, type(run.model).__name__, json.dumps(n_params, sort_keys=True, default=str),
+    sizes = {k: float(f"{v:.2g}") for k, v in n_params.items()}
+    return (run.method.name, type(run.model).__name__, json.dumps(sizes, sort_keys=True),
             cfg.batch_size, cfg.accum_steps, cfg.amp, str(run.device), shape, has_val, record_correct)
 
 def _dry_fit(run: RunState, recipe: TrainConfig, train_data, train_loader, val_loader, val_data, steps: int, ckpt,

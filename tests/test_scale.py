@@ -426,14 +426,16 @@ def test_quick_dry_run_steps_each_step_shape_once(monkeypatch):
     steps = []
     monkeypatch.setattr(train, "train_one_epoch", lambda *a, _f=train.train_one_epoch, **k: steps.append(1) or _f(*a, **k))
     res = []
-    for i, epochs in enumerate((3, 6)):
+    # (epochs, classes, depth): a run's epochs and its head's size (to 2 significant digits) make no new shape, depth does
+    for i, (epochs, classes, depth) in enumerate(((3, 4, 1), (6, 4, 1), (3, 5, 1), (3, 4, 2))):
         current.append(dict(run=f"r{i}", hash=f"h{i}"))
-        model = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                                  num_classes=4)
+        model = timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=8, embed_dim=32, depth=depth,
+                                  num_heads=2, num_classes=classes)
         res.append(train.fit(model, data, data, train.TrainConfig(epochs=epochs, batch_size=8, lr=1e-3, warmup_epochs=0),
                              progress=False)["dry_run"])
         current.pop()
-    assert len(steps) == 1                                          # the second run was not stepped
+    assert len(steps) == 2                                          # only the first and the deeper run were stepped
+    assert res[2]["shape_timed_by"] == "r0" and "shape_timed_by" not in res[3]
     assert res[1]["shape_timed_by"] == "r0" and res[1]["step_s"] == res[0]["step_s"]
     assert res[1]["train_h"] == pytest.approx(2 * res[0]["train_h"])   # its own epochs in its projection
     t = scale.cost_table(probes).set_index("run")
