@@ -15,7 +15,7 @@ from .core import seed_everything
 from .data import (AUGMENT_PRESETS, DATASETS, class_balanced_subset, eval_transform, get_dataset,
                             train_transform)
 from .evaluate import knn_accuracy
-from .methods import create_method, method_info
+from .methods import create_method, method_info, trains_arch
 from .models import STUDENT_ARCHS, create_student
 from .pretrain import cls_features, get_teacher
 from .train import TrainConfig, _peak_mb, _proc_kb, _reset_peak, _resolve_device, fit
@@ -118,7 +118,7 @@ class Experiment:
                                                                           else "takes no teacher"))
         arch = self.student.get("arch", "vit")
         if arch not in STUDENT_ARCHS: _bad("student", self.student, f"arch must be one of {sorted(STUDENT_ARCHS)}")
-        if info.student != "any" and arch != info.student: _bad("student", self.student, f"method {self.method!r} trains arch {info.student!r}")
+        if not trains_arch(info, arch): _bad("student", self.student, f"method {self.method!r} trains arch {info.student!r}")
         if "img_size" not in self.student: _bad("student", self.student, "give img_size (the data is resized to it)")
         if "num_classes" in self.student: _bad("student", self.student, "num_classes comes from the dataset; drop it")
         if self.augment not in AUGMENT_PRESETS: _bad("augment", self.augment, f"one of {sorted(AUGMENT_PRESETS)}")

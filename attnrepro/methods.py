@@ -20,7 +20,7 @@ from .transfer import CopyModel, Distill, TeacherDistillMethod, load_pretrained_
 
 # %% auto #0
 __all__ = ['PART_SEP', 'OPTION_SEP', 'MethodInfo', 'register_method', 'list_methods', 'method_info', 'register_composition',
-           'create_method', 'class_head_ce']
+           'trains_arch', 'create_method', 'class_head_ce']
 
 # %% ../nbs/18_methods.ipynb #0df43366
 PART_SEP, OPTION_SEP = "+", "__"   # 'gta+attn_distill'; 'gta__coef': an option of one part
@@ -140,6 +140,11 @@ def _arch_of(model: nn.Module) -> str:
     return getattr(model, "student_cfg", {}).get("arch") or {
         "VisionTransformerDistilled": "deit", "PoolingVisionTransformer": "pit"}.get(type(model).__name__, "vit")
 
+def trains_arch(info: MethodInfo, arch: str) -> bool:
+    """Whether method `info` trains a student of `arch`: its own arch, any ('any': plain CE), and a 'vit' method a DeiT
+    too (a ViT with a distillation token; AAL's paper trains DeiT-S, distilled version), as compositions do."""
+    return info.student in ("any", arch) or (info.student == "vit" and arch == "deit")
+
 def _check_teacher(info: MethodInfo, teacher) -> None:
     "A teacher of the kind `info` needs (or none); a composition may take a dict {part: teacher}. Frozen in place."
     name = info.name
@@ -171,7 +176,7 @@ def create_method(name: str, student: nn.Module, teacher: nn.Module | Mapping[st
     `ce_weight` (the shared CE term); `teacher` serves every part that needs one, or is a dict {part: teacher}."""
     info = method_info(name)
     _check_teacher(info, teacher)
-    if info.student != "any" and _arch_of(student) != info.student:
+    if not trains_arch(info, _arch_of(student)):
         raise ValueError(f"method {name!r} trains a {info.student!r} student (create_student({info.student!r}, ...)), "
                          f"got a {_arch_of(student)!r} one")
     if info.parts:
