@@ -29,10 +29,10 @@ from .data import ArrayImageDataset, SyntheticImageDataset
 from .dryrun import _CURRENT, dry_run_cpu_batch, dry_run_quick, dry_run_steps, record_probe
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CKPT_NAME', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups', 'build_optimizer', 'SeededMixup',
-           'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler', 'topk_correct', 'evaluate',
+__all__ = ['OPTIMIZERS', 'CKPT_NAME', 'FORMER_NAMES', 'TrainConfig', 'cosine_lr', 'LARS', 'param_groups', 'build_optimizer',
+           'SeededMixup', 'rng_state', 'set_rng_state', 'init_distributed', 'ShardSampler', 'topk_correct', 'evaluate',
            'batch_augment_mode', 'BatchAugmentLoader', 'NonFiniteLossError', 'to_device', 'RunState', 'train_one_epoch',
-           'load_checkpoint', 'max_device_batch', 'fit']
+           'load_checkpoint', 'max_device_batch', 'fit', 'same_method']
 
 # %% ../nbs/06_train.ipynb #1192847b
 OPTIMIZERS = ("adamw", "sgd", "lars")
@@ -759,7 +759,7 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
                 raise RuntimeError(f"Checkpoint {ckpt} was written by a dry run (a few steps, no optimiser state), not by "
                                    f"training: delete it (rm '{ckpt}') and train again")
             h = config_hash(cfg)
-            if ck.get("cfg_hash") != h or ck.get("method") != method.name:
+            if ck.get("cfg_hash") != h or not same_method(ck.get("method"), method.name):
                 raise RuntimeError(f"Checkpoint {ckpt} belongs to another run (config {ck.get('cfg_hash')}, method "
                                    f"{ck.get('method')!r}; this run: {h}, {method.name!r}). Use another ckpt_dir or "
                                    f"delete it (rm '{ckpt}').")
@@ -943,6 +943,14 @@ def _peak_mb(device: torch.device) -> float:
     return kb / 1024
 
 _TIMED_SHAPES: dict = {}   # --dry-run-quick: step shape -> what the first run of that shape measured
+
+# a paper's own name of a method, in checkpoints written before every run was built by the registry (issue #46)
+FORMER_NAMES = {"ce": {"supervised", "scratch", "baseline"}, "attn_copy": {"copy"}, "attn_distill": {"distill"},
+                "aal+deit_hard": {"aal"}}
+
+def same_method(saved: str | None, name: str) -> bool:
+    "Whether a checkpoint's method `saved` is this run's `name` (or a name it had before the registry built it)."
+    return saved == name or saved in FORMER_NAMES.get(name, ())
 
 def _step_shape(run: RunState, cfg: TrainConfig, train_data, has_val: bool, record_correct: bool, n_params: dict):
     """What a step's cost depends on: method, model, trainable size (to 2 significant digits: a head of 10 or of 200

@@ -816,5 +816,5 @@ def test_ce_on_a_distilled_student_trains_its_class_head_only():
     assert all(torch.equal(v, student.head_dist.state_dict()[k]) for k, v in d0.items())
     assert not torch.equal(h0["weight"], student.head.weight)
     _, m_vit = build_run(dict(cfg, arch=dict(cfg["arch"], arch="vit")), list(range(10)), {})
-    assert m_vit is None   # a plain ViT: fit's default CE, as the committed runs trained
+    assert m_vit.name == "ce" and [t.name for t in m_vit.terms] == ["ce"]   # plain CE, as the committed runs trained
 

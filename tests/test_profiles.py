@@ -113,7 +113,7 @@ def test_attention_transfer_pilot_is_the_teachers_gate_regime():
     data, recipe = mini["data"][pl["data"]], mini["recipes"][pl["schedule"]]
     assert {k: data[k] for k in task["data"]} == task["data"]            # cifar10, 500 per class, full test split
     assert recipe["train"] == task["train"] and recipe["augment"] == task["augment"]
-    assert recipe.get("drop_path_rate", 0.0) == 0.0                      # build_transfer's default in the gate runs
+    assert recipe.get("drop_path_rate", 0.0) == 0.0                      # the gate runs' students (scratch_student's default)
     assert mini["shape"] == teachers["arch"]
     assert mini["teachers"][pl["teacher_key"]] == "mae_cifar10_mini"
     assert all(len(s) >= 2 for s in pl["arm_seeds"].values()) and pl["floor"] == gate["scratch_floor"]
