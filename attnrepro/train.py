@@ -946,7 +946,8 @@ _TIMED_SHAPES: dict = {}   # --dry-run-quick: step shape -> what the first run o
 
 # a paper's own name of a method, in checkpoints written before every run was built by the registry (issue #46)
 FORMER_NAMES = {"ce": {"supervised", "scratch", "baseline"}, "attn_copy": {"copy"}, "attn_distill": {"distill"},
-                "aal+deit_hard": {"aal"}}
+                "aal+deit_hard": {"aal"}, "sparse": {"supervised"}, "bootstrap_joint": {"supervised"},
+                "bootstrap_shared": {"supervised"}}
 
 def same_method(saved: str | None, name: str) -> bool:
     "Whether a checkpoint's method `saved` is this run's `name` (or a name it had before the registry built it)."
