@@ -939,3 +939,11 @@ def test_put_taps_one_scheme_and_refuses_a_key_set_twice():
     assert ctx.student["block"] == 1
     with pytest.raises(ValueError, match="side='students'"):
         put_taps(ctx, "students", {}, "x")
+
+
+def test_checkpoint_method_names_from_before_the_registry_still_match():
+    "A checkpoint written under a paper's own method name resumes under its registry name; other methods are refused."
+    from attnrepro.train import same_method
+    assert same_method("ce", "ce") and same_method("scratch", "ce") and same_method("supervised", "ce")
+    assert same_method("copy", "attn_copy") and same_method("distill", "attn_distill") and same_method("aal", "aal+deit_hard")
+    assert not same_method("gta", "ce") and not same_method("ce", "gta") and not same_method(None, "ce")
