@@ -773,7 +773,11 @@ def fit(model: nn.Module, train_data, val_data, cfg: TrainConfig, method: Method
             for k, m in method.extra_modules.items(): m.load_state_dict(ck["extra"][k])
             optimizer.load_state_dict(ck["optimizer"])
             if ema is not None: ema.load_state_dict(ck["ema"])
-            method.load_state_dict(ck["method_state"])
+            state = ck["method_state"]
+            if ck.get("method") != method.name and hasattr(method, "parts") and set(state) != {"shared", "parts"}:
+                # a single method before the registry composed it (FORMER_NAMES): its state was the step's shared state
+                state = dict(shared=state, parts={n: {} for n in method.parts})
+            method.load_state_dict(state)
             set_rng_state(ck["rng"][rank], gen, mixup)
             start, run.step, history, best, wall = ck["epoch"], ck["step"], ck["history"], ck["best"], ck["wall_time_s"]
             resumed_from = start

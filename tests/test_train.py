@@ -947,3 +947,36 @@ def test_checkpoint_method_names_from_before_the_registry_still_match():
     assert same_method("ce", "ce") and same_method("scratch", "ce") and same_method("supervised", "ce")
     assert same_method("copy", "attn_copy") and same_method("distill", "attn_distill") and same_method("aal", "aal+deit_hard")
     assert not same_method("gta", "ce") and not same_method("ce", "gta") and not same_method(None, "ce")
+
+
+def test_checkpoint_of_aal_before_it_was_a_composition_resumes(tmp_path):
+    """AAL + hard distillation was one method named 'aal' before the registry composed it ('aal+deit_hard'): its
+    checkpoint's method state is flat (the step's shared state). It resumes as the composition's shared state; a flat
+    state under the composition's own name is still refused."""
+    from attnrepro.data import IMAGENET_MEAN, IMAGENET_STD
+    from attnrepro.methods import create_method
+    from attnrepro.models import cifar_resnet, create_student
+    torch.manual_seed(0)
+    teacher = cifar_resnet(20).eval()
+    def build():
+        torch.manual_seed(0)
+        student = create_student("deit", img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+        student.set_distilled_training(True)
+        return create_method("aal+deit_hard", student, teacher, teacher_mean=IMAGENET_MEAN, teacher_std=IMAGENET_STD,
+                             epochs=1, ce_weight=0.5, dist_weight=0.5)
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(8, 3, 32, 32, generator=g), torch.randint(0, 10, (8,), generator=g))
+    cfg = TrainConfig(epochs=1, batch_size=4, warmup_epochs=0)
+    model, method = build()
+    first = fit(model, data, data, cfg, method=method, ckpt_dir=tmp_path, progress=False)
+    ck = load_checkpoint(tmp_path / CKPT_NAME)
+    assert set(ck["method_state"]) == {"shared", "parts"} and "link_magnitudes" in ck["method_state"]["shared"]
+    old = dict(ck, method="aal", method_state=ck["method_state"]["shared"])   # as the code before the registry wrote it
+    torch.save(old, tmp_path / CKPT_NAME)
+    model, method = build()
+    again = fit(model, data, data, cfg, method=method, ckpt_dir=tmp_path, progress=False)
+    assert again["final"]["acc1"] == first["final"]["acc1"] and method.state == ck["method_state"]["shared"]
+    torch.save(dict(old, method="aal+deit_hard"), tmp_path / CKPT_NAME)   # flat, under today's name: not a former one
+    model, method = build()
+    with pytest.raises(RuntimeError, match="checkpointed method state has parts"):
+        fit(model, data, data, cfg, method=method, ckpt_dir=tmp_path, progress=False)

@@ -386,7 +386,7 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     the per-image val hits, the learning curve, loss weights per epoch, and for AAL the links and their history."""
     tr, va, classes = run_datasets(config["data"], config["arch"]["img_size"], config["augment"])
     student, method = build_run(config, classes, recipe["distill"])
-    links = method.extra_modules["aal_links"] if method is not None and method.name == "aal" else None
+    links = method.extra_modules.get("aal_links") if method is not None else None   # AAL, alone or composed
     w0 = links.link_weight().detach().clone() if links is not None else None   # the random init (seeded), Figure 2
     cfg = TrainConfig(**train_config(config))
     # per-image val hits kept (pack_correct) so that arms compare paired on one test set (verdicts.paired_difference)
