@@ -21,8 +21,8 @@ from .protocol import (LossTerm, Method, StepContext, assign_grads, ce_loss, pro
 # %% auto #0
 __all__ = ['AGENT_ARCHS', 'HINT_ADAPTS', 'VIT_TERMS', 'AGENT_TERMS', 'head_offsets', 'neighbourhood_matrices',
            'generalized_conv_matrix_form', 'GeneralizedConv2d', 'Conv1x1', 'AgentBlock', 'res_like_down_sample_layers',
-           'AgentCNN', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd', 'bootstrap_method',
-           'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_']
+           'AgentCNN', 'build_agent', 'describe_agent', 'hint_loss', 'intermediate_loss', 'mutual_kd',
+           'bootstrap_method', 'sam_method', 'EntmaxBisect', 'entmax_bisect', 'sparse_attention_']
 
 # %% ../nbs/13_bootstrapping.ipynb #6c0d1b02
 def head_offsets(num_heads: int) -> list[tuple[int, int]]:
@@ -253,6 +253,15 @@ class AgentCNN(nn.Module):
                 m[:2 * self.embed_dim] = False                      # qkv: only the v rows are shared
             parts.append(m.flatten())
         return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.bool)
+
+def build_agent(vit: VisionTransformer, agent_arch: str = "res_like", shared: bool = False, mid_channels: int = 64,
+                stem_pool: bool = True, stem_conv_stride: int = 2, mlp_drop: float | None = None,
+                down_sample_layers=None, pre_norm: bool = True) -> AgentCNN:
+    "`AgentCNN` from the registry's agent options: `stem_pool` and `stem_conv_stride` concern the res-like stem only."
+    res_like = agent_arch == "res_like"
+    return AgentCNN(vit, agent_arch, shared=shared, mid_channels=mid_channels, stem_pool=stem_pool if res_like else True,
+                    stem_conv_stride=stem_conv_stride if res_like else 2, mlp_drop=mlp_drop,
+                    down_sample_layers=down_sample_layers, pre_norm=pre_norm)
 
 # %% ../nbs/13_bootstrapping.ipynb #03e92e89
 def _conv_op(c: nn.Conv2d) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 from .aal import aal_method, distill_method, kd_method, pit_aal_method
 from .attention import attention_blocks
 from .attndistill import COMPRESS_QUEUE, attndistill_method
-from .bootstrapping import AgentCNN, bootstrap_method, sam_method, sparse_attention_
+from .bootstrapping import build_agent, bootstrap_method, sam_method, sparse_attention_
 from .gta import DEFAULT_COEF, transfer_method
 from .protocol import ComposedMethod, LossTerm, Method, StepContext, ce_loss
 from .transfer import CopyModel, Distill, TeacherDistillMethod, load_pretrained_
@@ -442,10 +442,8 @@ def _bootstrap(shared, w, w_hint):
     def factory(student, teacher, epochs=240, agent_arch="res_like", mid_channels=64, stem_pool=True, layers=None,
                 adapt="sequence", T=4.0, w_ce=w, w_ce_agent=w, w_kd=w, w_kd_agent=w, w_hint=w_hint, hint_decay=True,
                 down_sample_layers=None, pre_norm=True, align=None, stem_conv_stride=2, mlp_drop=None):
-        res_like = agent_arch == "res_like"   # the stem options concern the res-like stem only
-        agent = AgentCNN(student, agent_arch, shared=shared, mid_channels=mid_channels,
-                         stem_pool=stem_pool if res_like else True, stem_conv_stride=stem_conv_stride if res_like else 2,
-                         mlp_drop=mlp_drop, down_sample_layers=down_sample_layers, pre_norm=pre_norm)
+        agent = build_agent(student, agent_arch, shared, mid_channels, stem_pool, stem_conv_stride, mlp_drop,
+                            down_sample_layers, pre_norm)
         return student, bootstrap_method(student, agent, epochs, layers, adapt, T, w_ce, w_ce_agent, w_kd, w_kd_agent,
                                          w_hint, hint_decay, align=align)
     return factory

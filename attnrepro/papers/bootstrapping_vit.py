@@ -11,15 +11,15 @@ import torch.nn as nn
 
 from ..models import intermediate_features
 
-from ..bootstrapping import AgentCNN, describe_agent
+from ..bootstrapping import AgentCNN, build_agent, describe_agent
 
 # %% auto #0
 __all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'REGISTRY_NAMES', 'FAR_POINTS', 'SHARED_COST_POINTS',
            'NO_SPREAD', 'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS', 'HITS_FIELD', 'AGENT_KEYS',
            'PAPER_T3', 'PAPER_REGIME', 'NAMES4', 'PadRandomCrop', 'run_transforms', 'load_run_data', 'vit_spec',
-           'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval',
-           'visualize', 'run_options', 'method_options', 'train_run', 'agent_stages', 'beats', 'arm_means',
-           'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse', 'claim_vit_above_agent',
+           'agent_options', 'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config',
+           'curve_eval', 'visualize', 'run_options', 'method_options', 'train_run', 'agent_stages', 'beats',
+           'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse', 'claim_vit_above_agent',
            'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps',
            'claim_sequence_beats_avgpool', 'claim_reslike_beats_base', 'claim_gain_larger_when_scarce',
            'plot_learning_curves', 'plot_sensitivity', 'plot_layer_removal', 'plot_viz_rows', 'beside',
@@ -104,14 +104,17 @@ def vit_spec(recipe: Mapping, size: str, patch: int | None = None) -> dict:
     return dict(recipe["vits"][size], img_size=recipe["img_size"], patch_size=patch or recipe["patch_size"],
                 **recipe.get("vit_kwargs", {}))
 
+def agent_options(agent: Mapping, shared: bool = False) -> dict:
+    """The registry's agent options (`bootstrap_joint` / `bootstrap_shared`, `bootstrapping.build_agent`) of a run
+    config's `agent`; `mlp_drop` (default 0) the private agent's only: a shared agent's MLP is the ViT's, with its dropout."""
+    o = dict(agent_arch=agent["arch"], mid_channels=agent["mid_channels"], stem_pool=agent["stem_pool"],
+             stem_conv_stride=agent.get("stem_conv_stride", 2))
+    if not shared: o["mlp_drop"] = agent.get("mlp_drop", 0.0)
+    return o
+
 def make_agent(vit, agent: Mapping, shared: bool = False) -> AgentCNN:
-    """The agent of a run config; `stem_pool` concerns the res-like stem only (the base stem has no pooling);
-    `mlp_drop` (default 0) the private agents only: a shared agent's MLP is the ViT's, with the ViT's dropout."""
-    res_like = agent["arch"] == "res_like"
-    return AgentCNN(vit, agent["arch"], shared=shared, mid_channels=agent["mid_channels"],
-                    stem_pool=agent["stem_pool"] if res_like else True,
-                    stem_conv_stride=agent.get("stem_conv_stride", 2) if res_like else 2,
-                    mlp_drop=None if shared else agent.get("mlp_drop", 0.0))
+    "The agent of a run config, built as the registry's bootstrap methods build theirs (the lone Agent row, Tables 6/7)."
+    return build_agent(vit, shared=shared, **agent_options(agent, shared))
 
 def pretrained_vit(spec, num_classes: int, img_size: int) -> nn.Module:
     "A pre-trained ViT (`get_teacher(spec)`) with a fresh `num_classes` head at `img_size`, in train mode."
@@ -233,17 +236,12 @@ REGISTRY_NAMES = {"ViT-SAM": "sam", "ViT-Sparse": "sparse", "Joint": "bootstrap_
 # every other row (ViT, Agent, Pretrained, the CNNs) trains with plain CE: the registry's 'ce'
 
 def method_options(config: Mapping, epochs: int) -> dict:
-    """`create_method`'s options of a run config: SAM's and ViT-Sparse's own keys; Joint / Shared the loss weights and
-    the agent (`make_agent`'s keys: `mlp_drop` the private agent's only, a shared agent's MLP being the ViT's)."""
+    "`create_method`'s options of a run config: SAM's and ViT-Sparse's own keys; Joint / Shared the loss weights and the agent."
     method = config["method"]
     if method == "ViT-SAM": return dict(config["sam"])
     if method == "ViT-Sparse": return dict(config["sparse"])
     if method not in ("Joint", "Shared"): return {}
-    a = config["agent"]
-    agent = dict(agent_arch=a["arch"], mid_channels=a["mid_channels"], stem_pool=a["stem_pool"],
-                 stem_conv_stride=a.get("stem_conv_stride", 2))
-    if method == "Joint": agent["mlp_drop"] = a.get("mlp_drop", 0.0)
-    return dict(config["loss"], epochs=epochs, **agent)
+    return dict(config["loss"], epochs=epochs, **agent_options(config["agent"], shared=method == "Shared"))
 
 def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     "Train one run config of the bootstrapping_vit notebook (`recipe`: its profile, or its `run_options`); a small JSON-able result."
