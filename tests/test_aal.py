@@ -818,3 +818,19 @@ def test_ce_on_a_distilled_student_trains_its_class_head_only():
     _, m_vit = build_run(dict(cfg, arch=dict(cfg["arch"], arch="vit")), list(range(10)), {})
     assert m_vit.name == "ce" and [t.name for t in m_vit.terms] == ["ce"]   # plain CE, as the committed runs trained
 
+
+
+def test_a_run_builds_the_same_whether_its_teacher_is_cached_or_not():
+    """Loading a teacher draws random init weights: build_run loads it before seeding, so the first run of a process
+    (teacher loaded then) and a later run of the same config (teacher cached) start from the same student and links."""
+    from attnrepro.papers import aal as A
+    P = load_profile("aal", "smoke")
+    st = dict(P[P["sweep"]["student"]], arch="deit")   # hard label distillation trains a DeiT
+    cfg = A.regime_config(P, "c5", A.aal_spec(P, P["sweep"]["teacher"], distill="hard"), st, 1)
+    classes = [str(i) for i in range(10)]
+    A._TEACHERS.clear()
+    first = A.build_run(cfg, classes, P["distill"])
+    again = A.build_run(cfg, classes, P["distill"])   # the teacher is cached now
+    assert first[1].name == "aal+deit_hard"
+    for a, b in ((first[0], again[0]), (first[1].extra_modules["aal_links"], again[1].extra_modules["aal_links"])):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -291,6 +291,10 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
     kind, ts = m.get("distill"), m.get("teacher_size")   # ts: the teacher's input size (decision 12)
     if kind and arch["arch"] != "deit":
         raise ValueError(f"label distillation ({kind}) needs arch 'deit', got {arch['arch']!r}")
+    # teachers loaded before seeding: building one draws random init weights, so a first load after the seed (a fresh
+    # process) would shift the links' init against a later run of the same config (the teacher cached by then)
+    for name in (m.get("teacher"), config.get("init")):
+        if name: frozen_teacher(name)
     seed_everything(config["train"].get("seed", 0))
     student = create_student(**arch, num_classes=n_cls)
     if config.get("init"): load_backbone_(student, config["init"])   # Table B's transfer rows (paper profile)
