@@ -8,7 +8,7 @@ import torch
 torch.set_num_threads(2)
 from attnrepro.report import PaperRun, load_profile
 
-SKIP = {"wall_time_s", "train_time_s", "train_s", "wall_s", "images_per_s", "epoch_time_s", "peak_mem_mb", "host"}
+SKIP = {"wall_time_s", "train_time_s", "train_s", "wall_s", "eval_s", "images_per_s", "epoch_time_s", "peak_mem_mb", "host"}
 
 def strip(x):
     if isinstance(x, dict): return {k: strip(v) for k, v in x.items() if k not in SKIP}
