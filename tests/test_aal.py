@@ -819,7 +819,6 @@ def test_ce_on_a_distilled_student_trains_its_class_head_only():
     assert m_vit.name == "ce" and [t.name for t in m_vit.terms] == ["ce"]   # plain CE, as the committed runs trained
 
 
-
 def test_a_run_builds_the_same_whether_its_teacher_is_cached_or_not():
     """Loading a teacher draws random init weights: build_run loads it before seeding, so the first run of a process
     (teacher loaded then) and a later run of the same config (teacher cached) start from the same student and links."""
