@@ -8,7 +8,6 @@ import difflib, inspect
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-import torch
 from torch import nn
 
 from .aal import aal_method, distill_method, kd_method, pit_aal_method
