@@ -7,7 +7,8 @@ from __future__ import annotations
 import json, os
 
 # %% auto #0
-__all__ = ['PROBES', 'env_int', 'dry_run_steps', 'dry_run_quick', 'dry_run_cpu_batch', 'record_probe']
+__all__ = ['PROBES', 'QUICK_CPU_MAX_WIDTH', 'QUICK_CPU_HEAD_DIM', 'env_int', 'dry_run_steps', 'dry_run_quick',
+           'dry_run_cpu_batch', 'record_probe', 'quick_width']
 
 # %% ../nbs/25_dryrun.ipynb #829a0fa5
 def env_int(key: str, default: int, least: int = 1) -> int:
@@ -49,3 +50,20 @@ def _log_dry(row: dict) -> dict:
 def record_probe(probe: dict) -> dict:
     "A dry run's measurement of one `fit` (called by `fit`), credited to the run being probed."
     return _log_dry(dict(probe, kind="probe"))
+
+# A quick dry run on a CPU checks that a grid builds and runs to its end; it cannot cost a ViT-B, L or H there (a ViT-L
+# step took 8-33 s at two images, attention_transfer's grid ran an hour and peaked at 21 GB): those are built narrower
+QUICK_CPU_MAX_WIDTH = 384   # ViT-S's width: a ViT at most this wide is built as it is
+QUICK_CPU_HEAD_DIM = 16     # a wider one: this wide per head
+
+def quick_width(embed_dim: int, num_heads: int) -> int:
+    """The width a ViT of `embed_dim` over `num_heads` heads is built at: `embed_dim`, except in a quick dry run
+    (`dry_run_quick`) on a machine without CUDA, where a ViT wider than `QUICK_CPU_MAX_WIDTH` is built
+    `QUICK_CPU_HEAD_DIM` wide per head; depth, heads, patches and tokens stay, so every teacher-student pairing holds.
+    The run's cost row names the narrowing: its hours are not the recipe's."""
+    if embed_dim <= QUICK_CPU_MAX_WIDTH or not (dry_run_steps() and dry_run_quick()): return embed_dim
+    import torch   # here, not at the top: this module stays importable without torch's start-up cost
+    if torch.cuda.is_available(): return embed_dim
+    narrow = min(embed_dim, QUICK_CPU_HEAD_DIM * num_heads)
+    _log_dry(dict(kind="narrowed", width=embed_dim, built=narrow))
+    return narrow

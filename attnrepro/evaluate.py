@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['JSD_MATCHINGS', 'MAXBOXACC_GT_ENDS', 'topk_accuracy', 'ensemble_softmax', 'knn_accuracy', 'LinearProbe',
-           'linear_probe', 'extract_features', 'linear_cka', 'head_jsd', 'upsample_maps', 'max_box_acc',
+           'linear_probe', 'extract_features', 'linear_cka', 'head_jsd', 'head_jsds', 'upsample_maps', 'max_box_acc',
            'whole_image_box_acc', 'attention_mass_mask', 'boxes_to_mask', 'attention_mask_jaccard']
 
 # %% ../nbs/05_evaluate.ipynb #c5870f93
@@ -241,27 +241,40 @@ def _attention_maps(p, name: str) -> torch.Tensor:
 
 def head_jsd(p, q, matching: str = "direct") -> float:
     "Mean Jensen-Shannon divergence between the heads of two (B,H,N,N) attention maps, heads paired by `matching`."
-    if matching not in JSD_MATCHINGS:
-        raise ValueError(f"head_jsd: matching={matching!r} is not one of {JSD_MATCHINGS}")
+    return head_jsds(p, q, (matching,))[matching]
+
+def head_jsds(p, q, matchings: Sequence[str] = JSD_MATCHINGS) -> dict[str, float]:
+    """`head_jsd` under each of `matchings` at once: the maps are checked, and the heads' entropies and the pairwise
+    JSD matrix ('bipartite', 'minimum') computed, once for all of them."""
+    bad = [m for m in matchings if m not in JSD_MATCHINGS]
+    if bad: raise ValueError(f"head_jsd: matching={bad[0]!r} is not one of {JSD_MATCHINGS}")
     p, q = _attention_maps(p, "p"), _attention_maps(q, "q")
     if p.shape[0] != q.shape[0] or p.shape[2:] != q.shape[2:]:
         raise ValueError(f"head_jsd: p {tuple(p.shape)} and q {tuple(q.shape)} must share B and N")
-    if matching == "average":
-        return float(_row_jsd(p.mean(1), q.mean(1)).mean())
-    if matching == "direct":
-        if p.shape[1] != q.shape[1]:
-            raise ValueError(f"head_jsd(matching='direct'): head counts differ ({p.shape[1]} vs {q.shape[1]}); "
-                             "use 'bipartite', 'minimum' or 'average'")
-        return float(_row_jsd(p, q).mean())
-    # (Hp, Hq) matrix of mean JSD, one head of p at a time to bound memory at one (B, Hq, N, N) temporary;
-    # the heads' own entropies are computed once, only H((a + b)/2) is pairwise
-    ent_p, ent_q = _entropy(p), _entropy(q)
-    d = torch.stack([_row_jsd(p[:, i:i + 1], q, ent_p[:, i:i + 1], ent_q).mean(dim=(0, 2)) for i in range(p.shape[1])])
-    if matching == "minimum":
-        return float(d.min(1).values.mean())
-    from scipy.optimize import linear_sum_assignment
-    rows, cols = linear_sum_assignment(d.numpy())
-    return float(d[rows, cols].mean())
+    if "direct" in matchings and p.shape[1] != q.shape[1]:
+        raise ValueError(f"head_jsd(matching='direct'): head counts differ ({p.shape[1]} vs {q.shape[1]}); "
+                         "use 'bipartite', 'minimum' or 'average'")
+    out, ent_p, ent_q, d = {}, None, None, None
+    for m in matchings:
+        if m == "average":
+            out[m] = float(_row_jsd(p.mean(1), q.mean(1)).mean())
+            continue
+        if ent_p is None: ent_p, ent_q = _entropy(p), _entropy(q)
+        if m == "direct":
+            out[m] = float(_row_jsd(p, q, ent_p, ent_q).mean())
+            continue
+        # (Hp, Hq) matrix of mean JSD, one head of p at a time to bound memory at one (B, Hq, N, N) temporary;
+        # the heads' own entropies are computed once, only H((a + b)/2) is pairwise
+        if d is None:
+            d = torch.stack([_row_jsd(p[:, i:i + 1], q, ent_p[:, i:i + 1], ent_q).mean(dim=(0, 2))
+                             for i in range(p.shape[1])])
+        if m == "minimum":
+            out[m] = float(d.min(1).values.mean())
+        else:
+            from scipy.optimize import linear_sum_assignment
+            rows, cols = linear_sum_assignment(d.numpy())
+            out[m] = float(d[rows, cols].mean())
+    return out
 
 # %% ../nbs/05_evaluate.ipynb #e44bbb2e
 def upsample_maps(maps, size: int | tuple[int, int]) -> torch.Tensor:

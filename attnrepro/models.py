@@ -23,6 +23,7 @@ from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
+from .dryrun import dry_run_steps, quick_width
 from .attention import ModuleOutputs  # the forward-hook tap, re-exported here
 
 # %% auto #0
@@ -118,6 +119,7 @@ def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, e
         raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
     if arch != "pit":
         _positive_int("depth", depth)
+    if arch in ("vit", "deit"): embed_dim = quick_width(embed_dim, num_heads)   # quick CPU dry run: ViT-B/L/H narrower
     pos_embed = kw.get("pos_embed", "learn")
     if pos_embed not in POS_EMBEDS + ("",):
         raise ValueError(f"create_student: pos_embed={pos_embed!r}; valid: {POS_EMBEDS}")
@@ -665,9 +667,12 @@ def _load_timm_hub(name: str, checkpoint: Path | str | None = None, timm_kwargs:
     try:
         model = timm.create_model(name, pretrained=True, **kw)
     except Exception as e:
-        from attnrepro.dryrun import dry_run_steps
         if dry_run_steps():   # a dry run costs the grid: the architecture matters, not the weights
             print(f"[dry run] no weights for timm:{name} here: random weights of the same architecture", flush=True)
+            with torch.device("meta"): ref = timm.create_model(name, pretrained=False, **kw)   # its shape, no memory
+            if isinstance(ref, VisionTransformer):   # a quick dry run on a CPU builds a ViT-B/L/H narrower
+                width = quick_width(ref.embed_dim, ref.blocks[0].attn.num_heads)
+                if width != ref.embed_dim: kw = dict(kw, embed_dim=width)
             return _timm_teacher_cfg(timm.create_model(name, pretrained=False, **kw), name, "dry run: random weights",
                                      None, kw)
         raise RuntimeError(

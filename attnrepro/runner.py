@@ -281,6 +281,7 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
     import papermill as pm
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
+    from attnrepro.dryrun import QUICK_CPU_HEAD_DIM, QUICK_CPU_MAX_WIDTH
     from attnrepro.scale import cost_markdown, cost_table, read_probes
     root = Path(root or project_root())
     nb, params = _checked_params(short, profile, params, root)
@@ -341,6 +342,9 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                    + "Hours are on the device named here; analyses after training are not projected."
                    + (" Quick (--dry-run-quick): each step shape timed once; a run marked 'same step shape' was built "
                       "but not stepped, and shows the first such run's step time with its own projection." if quick else "")
+                   + (f" Quick on a CPU: every ViT wider than {QUICK_CPU_MAX_WIDTH} (ViT-B, L, H) was built "
+                      f"{QUICK_CPU_HEAD_DIM} wide per head, depth, heads and tokens as the recipe's: its rows check that "
+                      "the grid runs, their hours are not the recipe's." if any(r["kind"] == "narrowed" for r in rows) else "")
                    + (f" INCOMPLETE: {stopped}; runs after that point are not in the table." if stopped else "")
                    + f" Dry run took {time.time() - t0:.0f} s.")
         md = caption + "\n\n" + (cost_markdown(df) if len(df) else "(no run reached a training step)") + "\n"

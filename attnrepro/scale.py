@@ -407,12 +407,15 @@ def cost_table(rows: list[dict]):
             d["status"] = "FAILED: " + r["error"] + (" (an earlier result stood in)" if r.get("stand_in") else "")
         elif r.get("twin"):
             d["status"] = f"ok: timed as {r['twin']} (same config but the seed)"
+        elif r["kind"] == "narrowed": d.setdefault("narrowed", {})[f"{r['width']} -> {r['built']}"] = None
     out = []
     for d in runs.values():
         f = d["fits"]
         if not f and d["status"] == "ok": continue   # no training step (an analysis, or a cached run)
         by = [x["shape_timed_by"] for x in f if x.get("shape_timed_by")]
         if by and d["status"] == "ok": d["status"] = f"ok: step timed as {by[0]} (same step shape; --dry-run-quick)"
+        if d.get("narrowed"):   # dryrun.quick_width: a quick dry run on a CPU built a ViT-B/L/H narrower
+            d["status"] += f"; ViT width {', '.join(d['narrowed'])} (quick, CPU: hours not the recipe's)"
         g = lambda k, fn=sum: fn(x[k] for x in f) if f else float("nan")
         out.append({"run": d["run"], "hash": d["hash"], "status": d["status"], "fits": len(f),
                     "method": ", ".join(dict.fromkeys(str(x["method"]) for x in f)),

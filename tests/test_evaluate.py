@@ -275,6 +275,10 @@ def test_head_jsd_matches_scipy(sparse):
     ref_avg = np.mean([jensenshannon(pa[b, n], qa[b, n]) ** 2 for b in range(2) for n in range(5)])
     assert E.head_jsd(p, q, "average") == pytest.approx(ref_avg, rel=1e-9)
     assert np.isfinite([E.head_jsd(p, q, m) for m in E.JSD_MATCHINGS]).all()
+    # every matching at once (the pairwise matrix shared by 'minimum' and 'bipartite'), in either order: the same values
+    for order in (E.JSD_MATCHINGS, E.JSD_MATCHINGS[::-1]):
+        assert E.head_jsds(p, q, order) == {m: E.head_jsd(p, q, m) for m in order}
+    assert E.head_jsds(p, q)["bipartite"] == pytest.approx(best, rel=1e-9)
 
 def test_head_jsd_properties():
     rng = np.random.default_rng(4)

@@ -10,12 +10,11 @@ from attnrepro.runner import dry_run_paper
 
 PAPERS = ["aal", "attention_transfer", "attndistill", "bootstrapping_vit", "gta"]
 BUDGET_S = 300   # the bound on a 2-core CPU; recorded, asserted loosely (CI machines are loaded)
-# Measured here with --dry-run-quick, a 2-image CPU batch, one timed step (2026-11-28, a second job on the cores):
-# aal 109 s, attndistill 75 s, gta 307 s (1,040 runs built), bootstrapping_vit 334 s; attention_transfer 3,516 s
-# (42 runs of ViT-B/L/H, a ViT-L float32 step 8-33 s at 2 images, and the analyses on them; peak RSS 21.4 GB; tests
-# and CI shared the cores), far over the 5 minutes: with ATTNREPRO_PAPER_DRYRUN=1 its time check fails.
-# CI runs the two that take under 2 minutes; ATTNREPRO_PAPER_DRYRUN=1 runs all five (CI stays near 30 minutes).
-IN_CI = {"aal", "attndistill"}
+# Measured here with --dry-run-quick, a 2-image CPU batch, one timed step (2026-11-28, nothing else on the cores):
+# aal 81 s, attndistill 67 s (CI), gta 200 s (1,040 runs built), bootstrapping_vit 240 s, attention_transfer 491 s
+# (42 runs; 3,516 s and a 21 GB peak before a quick dry run on a CPU built ViTs wider than ViT-S 16 wide per head:
+# dryrun.quick_width). attention_transfer is over the 5 minutes: ATTNREPRO_PAPER_DRYRUN=1 runs it.
+IN_CI = {"aal", "attndistill", "gta", "bootstrapping_vit"}
 ALL = os.environ.get("ATTNREPRO_PAPER_DRYRUN") == "1"
 
 

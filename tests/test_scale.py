@@ -440,3 +440,34 @@ def test_quick_dry_run_steps_each_step_shape_once(monkeypatch):
     assert res[1]["train_h"] == pytest.approx(2 * res[0]["train_h"])   # its own epochs in its projection
     t = scale.cost_table(probes).set_index("run")
     assert t.loc["r1", "status"].startswith("ok: step timed as r0 (same step shape")
+
+
+def test_quick_dry_run_on_a_cpu_builds_vits_wider_than_vit_s_narrower(monkeypatch):
+    """--dry-run-quick on a CPU (a grid check, not a costing): a ViT-L student and a ViT-L hub teacher are built 16 wide
+    per head, depth and heads kept (so they still pair), a ViT-S as it is; the cost table names the narrowing."""
+    import torch
+    import attnrepro.dryrun as dryrun
+    import attnrepro.scale as scale
+    from attnrepro.models import create_student, load_teacher
+    from attnrepro.transfer import vit_shape
+    probes, current = [], [dict(run="r0", hash="h0")]
+    for mod in (dryrun, scale):
+        monkeypatch.setattr(mod, "PROBES", probes); monkeypatch.setattr(mod, "_CURRENT", current)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("ATTNREPRO_DRY_RUN_LOG", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    large = dict(img_size=32, patch_size=16, embed_dim=1024, depth=2, num_heads=16, num_classes=10)
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    assert create_student("vit", **large).embed_dim == 1024   # a dry run that costs the grid: the real size
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN_QUICK", "1")
+    student = create_student("vit", **large)
+    assert (student.embed_dim, student.student_cfg["embed_dim"], len(student.blocks)) == (256, 256, 2)
+    assert create_student("vit", **dict(large, embed_dim=384, num_heads=6)).embed_dim == 384
+    teacher = load_teacher("timm:vit_large_patch16_224", timm_kwargs=dict(img_size=32, depth=2))
+    assert vit_shape(teacher) == vit_shape(student)   # teacher and student still pair block by block, head by head
+    assert [(p["width"], p["built"]) for p in probes if p["kind"] == "narrowed"] == [(1024, 256)] * 2
+    rows = probes + [dict(kind="probe", run="r0", hash="h0", method="ce", device="cpu", batch_recipe=8, batch_timed=2,
+                          step_s_timed=1.0, step_s=4.0, peak_mem_mb=1.0, mem_kind="fake", n_train=80, steps_per_epoch=10,
+                          epochs=1, train_h=1.0, eval_h=0.0)]
+    status = scale.cost_table(rows).set_index("run").loc["r0", "status"]
+    assert status == "ok; ViT width 1024 -> 256 (quick, CPU: hours not the recipe's)"

@@ -377,7 +377,7 @@ import torchvision.transforms.functional as TF
 from torch.utils.data import DataLoader
 
 from ..data import denormalize
-from ..evaluate import head_jsd, topk_accuracy
+from ..evaluate import head_jsds, topk_accuracy
 from ..verdicts import pack_correct
 
 def analysis_images(n: int) -> int:
@@ -446,8 +446,10 @@ def jsd_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     maps = {k: effective_attention_maps(runs.trained_model(c), x) for k, c in cfg["models"].items()}
     rmaps = {k: effective_attention_maps(m, x) for k, m in refs.items()}
     maps["fine-tuned"] = rmaps["fine-tuned"]
-    return {r: {k: {mt: [head_jsd(a, b, mt) for a, b in zip(mm, rmaps[r])] for mt in cfg["matchings"]}
-                for k, mm in maps.items() if k != r} for r in rmaps}
+    jsd = {r: {k: [head_jsds(a, b, cfg["matchings"]) for a, b in zip(mm, rmaps[r])] for k, mm in maps.items() if k != r}
+           for r in rmaps}   # per block, every matching at once
+    return {r: {k: {mt: [b[mt] for b in blocks] for mt in cfg["matchings"]} for k, blocks in v.items()}
+            for r, v in jsd.items()}
 
 def vis_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     "CLS attention (mean over heads) of the first `cfg['n']` test images in `cfg['blocks']` of each model, and the images (Figures 7, 9, 10)."

@@ -512,7 +512,8 @@ from ..report import load_reported, side_by_side
 from ..verdicts import arm, pilot_table, pooled_sd
 
 SHORT = "bootstrapping_vit"
-COLUMN = {"c10": "CIFAR-10", "c100": "CIFAR-100"}  # the paper's dataset column each of our datasets stands for
+COLUMN = {"c10": "CIFAR-10", "c100": "CIFAR-100",   # the paper's dataset column each of our datasets stands for
+          "imagenet": "ImageNet-1k"}                # Table 3's fraction pool at the paper profile
 
 def beside(table_id: str, ours: pd.DataFrame, on: list[str], values: list[str], profile: str) -> pd.DataFrame:
     "Ours beside the paper's table `table_id` (the paper's rows in its order, rows only we have last)."
@@ -778,7 +779,7 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
     keys1 = ["group", "model", "dagger", "dataset"]
     t1 = beside("table1_cifar", ours1, on=keys1, values=["top1", "top1_gain", "params_m", "flops_g"], profile=profile)
     t1 = t1.merge(ours1[keys1 + ["note"]], on=keys1, how="left")
-    t1.insert(4, "ours on", t1["dataset"].map({COLUMN[k]: P["datasets"][k]["label"] for k in COLUMN}))
+    t1.insert(4, "ours on", t1["dataset"].map({COLUMN[k]: P["datasets"][k]["label"] for k in COLUMN if k in P["datasets"]}))
     t1.attrs["note"] = P.get("note", "")
     return t1, ("Top-1 (%), params (M), FLOPs (G multiply-accumulates) on CIFAR-10 and CIFAR-100 (Table 1). "
                 "Ours: CIFAR-100 column = the Tiny-ImageNet proxy named in 'ours on'; ViT-S/B = our scaled sizes (Table 2); "
