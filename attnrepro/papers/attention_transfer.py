@@ -380,9 +380,9 @@ from ..data import denormalize
 from ..evaluate import head_jsds, topk_accuracy
 from ..verdicts import pack_correct
 
-def analysis_images(n: int) -> int:
-    "How many images an analysis of `n` images (CKA, JSD, maps) takes: `n`, or at most `DRY_EVAL` in a dry run."
-    return min(n, DRY_EVAL) if dry_run_steps() else n
+def analysis_images(n: int, dry: int = DRY_EVAL) -> int:
+    "How many images an analysis of `n` images (CKA, JSD, maps) takes: `n`, or at most `dry` in a dry run."
+    return min(n, dry) if dry_run_steps() else n
 
 def ensemble_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     """Per seed, the per-image hits (packed) of each model of `cfg['per_seed'][seed]` alone and of its softmax averaged
@@ -441,7 +441,8 @@ def cka_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
 def jsd_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     "Per reference (pre-trained, fine-tuned) and model, the per-block attention-map JSD under each head matching (Figure 6)."
     _, va = runs.datasets(cfg["data"])
-    x = torch.stack([va[i][0] for i in range(analysis_images(cfg["n"]))])
+    # a dry run: one image (head pairs x blocks x models of float64 (B, H, N, N) maps took minutes at 4 on a CPU)
+    x = torch.stack([va[i][0] for i in range(analysis_images(cfg["n"], dry=1))])
     refs = {"pre-trained": runs.get_model(cfg["pretrained"]), "fine-tuned": runs.trained_model(cfg["ft"])}
     maps = {k: effective_attention_maps(runs.trained_model(c), x) for k, c in cfg["models"].items()}
     rmaps = {k: effective_attention_maps(m, x) for k, m in refs.items()}
