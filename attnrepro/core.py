@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 # %% auto #0
-__all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'project_root', 'cache_dir', 'canonical_json', 'config_hash', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit', 'run_host', 'fit_notes',
-           'note_fit', 'package_versions', 'seed_everything']
+__all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'GIT_COMMIT_TTL_S', 'project_root', 'cache_dir', 'canonical_json', 'config_hash',
+           'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit',
+           'run_host', 'fit_notes', 'note_fit', 'package_versions', 'seed_everything']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -104,10 +104,20 @@ def atomic_torch_save(obj, path: Path | str) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 # %% ../nbs/00_core.ipynb #d6bc4ab8
+_COMMITS: dict = {}   # root -> (when asked, answer): a grid records a commit per run (two git calls each)
+GIT_COMMIT_TTL_S = 30.0
+
 def git_commit(root: Path | str | None = None) -> str:
     """HEAD commit of the project, with `-dirty` when tracked files differ from it. Outside git (a copy of the tree
-    sent to a GPU machine) it is `$ATTNREPRO_GIT_COMMIT` when set, else `unknown`."""
+    sent to a GPU machine) it is `$ATTNREPRO_GIT_COMMIT` when set, else `unknown`. Asked again within
+    `GIT_COMMIT_TTL_S` seconds, the last answer (gta's paper grid records 1,040 runs)."""
     root = Path(root) if root else project_root()
+    asked, answer = _COMMITS.get(root, (-GIT_COMMIT_TTL_S, None))
+    if time.monotonic() - asked < GIT_COMMIT_TTL_S: return answer
+    _COMMITS[root] = (time.monotonic(), answer := _git_commit(root))
+    return answer
+
+def _git_commit(root: Path) -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              check=True).stdout.strip()

@@ -8,7 +8,7 @@ import json, os
 
 # %% auto #0
 __all__ = ['PROBES', 'QUICK_CPU_MAX_WIDTH', 'QUICK_CPU_HEAD_DIM', 'env_int', 'dry_run_steps', 'dry_run_quick',
-           'dry_run_cpu_batch', 'record_probe', 'quick_width']
+           'dry_run_cpu_batch', 'record_probe', 'quick_cpu', 'quick_width']
 
 # %% ../nbs/25_dryrun.ipynb #829a0fa5
 def env_int(key: str, default: int, least: int = 1) -> int:
@@ -56,14 +56,19 @@ def record_probe(probe: dict) -> dict:
 QUICK_CPU_MAX_WIDTH = 384   # ViT-S's width: a ViT at most this wide is built as it is
 QUICK_CPU_HEAD_DIM = 16     # a wider one: this wide per head
 
+def quick_cpu() -> bool:
+    """Whether this is a quick dry run (`dry_run_quick`) on a machine without CUDA: one that checks a grid builds and
+    runs to its end, where ViTs wider than ViT-S are built narrower (`quick_width`) and without weight init (`models`)."""
+    if not (dry_run_steps() and dry_run_quick()): return False
+    import torch   # here, not at the top: this module stays importable without torch's start-up cost
+    return not torch.cuda.is_available()
+
 def quick_width(embed_dim: int, num_heads: int) -> int:
     """The width a ViT of `embed_dim` over `num_heads` heads is built at: `embed_dim`, except in a quick dry run
     (`dry_run_quick`) on a machine without CUDA, where a ViT wider than `QUICK_CPU_MAX_WIDTH` is built
     `QUICK_CPU_HEAD_DIM` wide per head; depth, heads, patches and tokens stay, so every teacher-student pairing holds.
     The run's cost row names the narrowing: its hours are not the recipe's."""
-    if embed_dim <= QUICK_CPU_MAX_WIDTH or not (dry_run_steps() and dry_run_quick()): return embed_dim
-    import torch   # here, not at the top: this module stays importable without torch's start-up cost
-    if torch.cuda.is_available(): return embed_dim
+    if embed_dim <= QUICK_CPU_MAX_WIDTH or not quick_cpu(): return embed_dim
     narrow = min(embed_dim, QUICK_CPU_HEAD_DIM * num_heads)
     _log_dry(dict(kind="narrowed", width=embed_dim, built=narrow))
     return narrow

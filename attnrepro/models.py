@@ -23,13 +23,13 @@ from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
 from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
-from .dryrun import dry_run_steps, quick_width
+from .dryrun import dry_run_steps, quick_cpu, quick_width
 from .attention import ModuleOutputs  # the forward-hook tap, re-exported here
 
 # %% auto #0
 __all__ = ['CIFAR10_MEAN', 'CIFAR10_STD', 'EFFICIENTNET_LITE_MEAN', 'EFFICIENTNET_LITE_STD', 'STUDENT_ARCHS', 'POS_EMBEDS',
            'CHECKPOINT_SUFFIXES', 'KEY_MAPS', 'TEACHER_DIR', 'ARCH_BUILDERS', 'CIFAR_RESNET_TOP1', 'BUILTIN_TEACHERS',
-           'pit_stage_depths', 'sincos_pos_embed_', 'create_student', 'describe_model', 'count_flops',
+           'pit_stage_depths', 'sincos_pos_embed_', 'quick_build', 'create_student', 'describe_model', 'count_flops',
            'LegacyBatchNorm2d', 'ShortcutA', 'CifarBasicBlock', 'CifarResNet', 'cifar_resnet', 'CheckpointError',
            'unwrap_state_dict', 'read_checkpoint', 'read_state_dict', 'load_state_dict_strict', 'KeyMap',
            'map_checkpoint', 'verify_hash_prefix', 'find_cifar_resnet_weights', 'teacher_dirs', 'arch_config',
@@ -90,9 +90,31 @@ def sincos_pos_embed_(model: nn.Module) -> nn.Module:
     model.pos_embed.requires_grad_(False)
     return model
 
+_STAND_IN: list[torch.Tensor] = []   # one fixed noise vector that quick-built weights are cut from
+
+def quick_build(build: Callable[..., nn.Module], **quick_kw) -> nn.Module:
+    """`build()`; in a quick dry run on a CPU (`dryrun.quick_cpu`) a model without buffers is built by
+    `build(**quick_kw)` on the meta device and given stand-in weights (matrices cut from one fixed N(0, 0.02) vector,
+    norms 1, biases 0): random init was a third of attention_transfer's quick dry run. `quick_kw` skips an init the
+    meta device would only slow down (timm ViTs: `weight_init='skip'`). Buffers set in `__init__` (BatchNorm's
+    statistics) would be lost on the meta device, so a model with buffers is built as usual."""
+    if not quick_cpu(): return build()
+    with torch.device("meta"): model = build(**quick_kw)
+    if next(model.buffers(), None) is not None: return build()
+    model.to_empty(device="cpu")
+    need = max((p.numel() for p in model.parameters() if p.ndim > 1), default=0)
+    if not _STAND_IN or _STAND_IN[0].numel() < need:
+        _STAND_IN[:] = [torch.randn(max(need, 1 << 20), generator=torch.Generator().manual_seed(0)) * 0.02]
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim > 1: p.copy_(_STAND_IN[0][:p.numel()].view_as(p))
+            else: p.fill_(1.0 if name.endswith("weight") else 0.0)
+    return model
+
 def _build_timm(cls, arch: str, **kw) -> nn.Module:
     try:
-        return cls(**kw)
+        skip = dict(weight_init="skip") if cls in (VisionTransformer, VisionTransformerDistilled) else {}
+        return quick_build(lambda **q: cls(**kw, **q), **skip)
     except TypeError as e:
         raise TypeError(f"create_student(arch={arch!r}): {e}. Extra keyword arguments go to timm's "
                         f"{cls.__name__}; it accepts {_timm_kwargs(cls)}") from e
@@ -664,17 +686,18 @@ def _load_timm_hub(name: str, checkpoint: Path | str | None = None, timm_kwargs:
     kw = dict(timm_kwargs or {})
     if checkpoint is not None:
         return _load_timm_file(name, Path(checkpoint).expanduser(), kw, trust_pickle)
+    if dry_run_steps():   # a dry run costs the grid: the architecture matters, not the weights (nor their download)
+        print(f"[dry run] timm:{name} with random weights of its architecture", flush=True)
+        with torch.device("meta"): ref = timm.create_model(name, pretrained=False, **kw)   # its shape, no memory
+        if isinstance(ref, VisionTransformer):   # a quick dry run on a CPU builds a ViT-B/L/H narrower
+            width = quick_width(ref.embed_dim, ref.blocks[0].attn.num_heads)
+            if width != ref.embed_dim: kw = dict(kw, embed_dim=width)
+        skip = dict(weight_init="skip") if isinstance(ref, VisionTransformer) else {}
+        model = quick_build(lambda **q: timm.create_model(name, pretrained=False, **kw, **q), **skip)
+        return _timm_teacher_cfg(model, name, "dry run: random weights", None, kw)
     try:
         model = timm.create_model(name, pretrained=True, **kw)
     except Exception as e:
-        if dry_run_steps():   # a dry run costs the grid: the architecture matters, not the weights
-            print(f"[dry run] no weights for timm:{name} here: random weights of the same architecture", flush=True)
-            with torch.device("meta"): ref = timm.create_model(name, pretrained=False, **kw)   # its shape, no memory
-            if isinstance(ref, VisionTransformer):   # a quick dry run on a CPU builds a ViT-B/L/H narrower
-                width = quick_width(ref.embed_dim, ref.blocks[0].attn.num_heads)
-                if width != ref.embed_dim: kw = dict(kw, embed_dim=width)
-            return _timm_teacher_cfg(timm.create_model(name, pretrained=False, **kw), name, "dry run: random weights",
-                                     None, kw)
         raise RuntimeError(
             f"Could not get pretrained weights for timm:{name} ({type(e).__name__}: {str(e)[:200]}). There is no "
             f"network access here and no cached copy of the weights. On a machine with internet save them, e.g. "

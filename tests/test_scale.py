@@ -444,11 +444,12 @@ def test_quick_dry_run_steps_each_step_shape_once(monkeypatch):
 
 def test_quick_dry_run_on_a_cpu_builds_vits_wider_than_vit_s_narrower(monkeypatch):
     """--dry-run-quick on a CPU (a grid check, not a costing): a ViT-L student and a ViT-L hub teacher are built 16 wide
-    per head, depth and heads kept (so they still pair), a ViT-S as it is; the cost table names the narrowing."""
+    per head, depth and heads kept (so they still pair), a ViT-S as it is, both without random init; the cost table names
+    the narrowing."""
     import torch
     import attnrepro.dryrun as dryrun
     import attnrepro.scale as scale
-    from attnrepro.models import create_student, load_teacher
+    from attnrepro.models import create_student, load_teacher, quick_build
     from attnrepro.transfer import vit_shape
     probes, current = [], [dict(run="r0", hash="h0")]
     for mod in (dryrun, scale):
@@ -462,6 +463,12 @@ def test_quick_dry_run_on_a_cpu_builds_vits_wider_than_vit_s_narrower(monkeypatc
     monkeypatch.setenv("ATTNREPRO_DRY_RUN_QUICK", "1")
     student = create_student("vit", **large)
     assert (student.embed_dim, student.student_cfg["embed_dim"], len(student.blocks)) == (256, 256, 2)
+    # ... without random init: matrices cut from one fixed noise vector, norms 1, biases 0; its forward is finite
+    q0, q1 = (b.attn.qkv.weight for b in student.blocks)
+    assert torch.equal(q0, q1) and 0 < q0.std() < 0.05 and (student.norm.weight == 1).all() and (student.head.bias == 0).all()
+    assert torch.isfinite(student(torch.randn(2, 3, 32, 32))).all()
+    bn = quick_build(lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+    assert (bn[1].running_var == 1).all() and not torch.equal(bn[0].weight, bn[0].weight.new_zeros(4, 4))  # buffers: built as usual
     assert create_student("vit", **dict(large, embed_dim=384, num_heads=6)).embed_dim == 384
     teacher = load_teacher("timm:vit_large_patch16_224", timm_kwargs=dict(img_size=32, depth=2))
     assert vit_shape(teacher) == vit_shape(student)   # teacher and student still pair block by block, head by head

@@ -129,7 +129,7 @@ def attention_outputs(model: nn.Module, test, config: Mapping) -> dict:
     if boxes is not None and dry_run_steps():
         test, boxes = dry_run_head(test), boxes[:DRY_RUN_IMAGES]
     out = {} if boxes is None else attention_jaccard(model.eval(), test, keep_mass=config["keep_mass"], boxes=boxes)
-    n = config["figure_images"]
+    n = min(config["figure_images"], DRY_RUN_IMAGES) if dry_run_steps() else config["figure_images"]
     if n:
         x = torch.stack([test[i][0] for i in range(n)])
         out["maps"] = cls_attention(model, x).round(decimals=5).tolist()
@@ -147,7 +147,7 @@ RUN_SET_FIELDS = {"epochs": "the paper fixes optimizer steps: set train.steps (o
                   "accum_steps": "batch_and_epochs counts one optimizer step per batch of train.batch_size",
                   "global_batch_size": "batch_and_epochs sets the batch from train.batch_size"}
 FINETUNE_DEFAULTS = dict(min_lr=0.0, warmup_epochs=0, amp=False)   # where a recipe is silent (not TrainConfig's own)
-DRY_RUN_IMAGES = 8   # a dry run's analyses (mask Jaccard, held-out top-1, the sources' CLS rows) on this many images
+DRY_RUN_IMAGES = 2   # a dry run's analyses (mask Jaccard, held-out top-1, the sources' CLS rows) on this many images
 
 def dry_run_head(data, n: int = DRY_RUN_IMAGES):
     "`data` itself, or in a dry run (`dry_run_steps`) its first `n` items: a dry run times training, not analyses."
