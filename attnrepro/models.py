@@ -98,7 +98,7 @@ def quick_build(build: Callable[..., nn.Module], **quick_kw) -> nn.Module:
     norms 1, biases 0): random init was a third of attention_transfer's quick dry run. `quick_kw` skips an init the
     meta device would only slow down (timm ViTs: `weight_init='skip'`). Buffers set in `__init__` (BatchNorm's
     statistics) would be lost on the meta device, so a model with buffers is built as usual."""
-    if not quick_cpu(): return build()
+    if not quick_cpu() or torch.empty(0).is_meta: return build()   # under a caller's meta device: its shape only
     with torch.device("meta"): model = build(**quick_kw)
     if next(model.buffers(), None) is not None: return build()
     model.to_empty(device="cpu")

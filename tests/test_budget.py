@@ -80,8 +80,16 @@ def test_gpu_window_script_runs_the_queue_and_packs_what_finished(tmp_path):
     # the script runs `python3`: this interpreter's (the venv's), as on the device the image's
     env = dict(os.environ, OUT=str(tmp_path), GPU_WINDOW_PROFILE="smoke", GPU_WINDOW_PAPERS="teachers",
                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    r = subprocess.run(["bash", str(root / ".device" / "gpu_window.sh"), "0.001"], cwd=root, env=env,
-                       capture_output=True, text=True, timeout=600)
+    # runs of the smoke teachers cached by an earlier smoke test would leave nothing pending: set aside meanwhile
+    import shutil
+    earlier, aside = root / "outputs" / "smoke" / "teachers", tmp_path / "earlier_smoke_teachers"
+    if earlier.exists(): shutil.move(earlier, aside)
+    try:
+        r = subprocess.run(["bash", str(root / ".device" / "gpu_window.sh"), "0.001"], cwd=root, env=env,
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        if aside.exists():
+            shutil.rmtree(earlier, ignore_errors=True); shutil.move(aside, earlier)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     log = (tmp_path / "window.log").read_text()
     assert "PENDING" in log and "not started" in log, log[-2000:]
