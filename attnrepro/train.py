@@ -335,6 +335,7 @@ def evaluate(model: nn.Module, loader, device: torch.device | str | None = None,
     if return_correct: _check_hit_order(loader, distributed)
     # by default batches go where the model is (`fit` leaves a trained model on the GPU)
     device = model_device(model) if device is None else torch.device(device)
+    amp = amp and not (dry_run_steps() and device.type == "cpu")   # as in `fit`: a CPU dry run times float32
     was_training = model.training
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss*n, n

@@ -512,7 +512,7 @@ def test_compress_queue_reaches_the_compress_runs_configs():
 
 
 def test_dry_run_times_float32_on_the_cpu_and_probes_briefly(monkeypatch):
-    "A CPU dry run: bf16 steps are timed in float32, the probe trains a couple of epochs (warm-up scaled alike)."
+    "A CPU dry run: the probe trains a couple of epochs (warm-up scaled alike); `fit` times bf16 steps in float32."
     from attnrepro.papers import attndistill
     from attnrepro.papers.attndistill import DRY_PROBE_EPOCHS, quality, train_config
     tr = dict(epochs=3, batch_size=4, lr=1e-3, warmup_epochs=0, betas=[0.9, 0.95], amp=True)
@@ -521,7 +521,7 @@ def test_dry_run_times_float32_on_the_cpu_and_probes_briefly(monkeypatch):
     assert cfg.amp and cfg.seed == 3 and cfg.betas == (0.9, 0.95)
     monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
     monkeypatch.setenv("ATTNREPRO_DEVICE", "cpu")
-    assert not train_config(tr, 3).amp and train_config(tr, 3).epochs == 3
+    assert train_config(tr, 3).epochs == 3
     seen = {}
     def probe(*a, **kw):
         seen.update(kw)

@@ -295,6 +295,11 @@ def test_cpu_dry_fit_times_float32_and_quick_checkpoints_hold_no_weights(env, mo
     p = fit(model, tr, None, TrainConfig(epochs=1, batch_size=8, warmup_epochs=0, amp=True), ckpt_dir=env,
             progress=False)["dry_run"]
     assert seen == [False] and p["amp"] is True and p["amp_timed"] is False
+    import contextlib
+    autocast = []   # evaluate alike: a CPU dry run scores in float32 whatever amp it is given
+    monkeypatch.setattr(torch, "autocast", lambda *a, enabled=True, **kw: autocast.append(enabled) or contextlib.nullcontext())
+    train.evaluate(model, torch.utils.data.DataLoader(tr, batch_size=32), amp=True)
+    assert autocast == [False, False]
     assert load_checkpoint(env / CKPT_NAME)["model"]   # a plain dry run keeps the weights for analyses
     monkeypatch.setenv("ATTNREPRO_DRY_RUN_QUICK", "1")
     monkeypatch.setattr(train, "_TIMED_SHAPES", {})

@@ -371,12 +371,8 @@ def abs_hist(w0: torch.Tensor, w: torch.Tensor, bins: int = 30) -> dict:
 
 def train_config(config: Mapping) -> dict:
     """`TrainConfig` kwargs of a run config: its augmentation preset's Mixup / CutMix / label smoothing, then its `train`
-    (a key the recipe's `train` sets explicitly wins over the preset's default; the preset no longer overrides it). In a
-    dry run on a CPU, bf16 autocast is off: this CPU has no bf16 units and emulates it at ~6x the fp32 step (DeiT-S,
-    batch 8, measured), and a CPU's step time projects nothing for a GPU anyway; on a GPU the recipe's `amp` stands."""
-    kw = {**AUGMENT_PRESETS[config["augment"]], **config["train"]}
-    if dry_run_steps() and kw.get("amp") and not torch.cuda.is_available(): kw["amp"] = False
-    return kw
+    (a key the recipe's `train` sets explicitly wins over the preset's default; the preset no longer overrides it)."""
+    return {**AUGMENT_PRESETS[config["augment"]], **config["train"]}
 
 def run_recipe(recipe: Mapping) -> dict:
     """What `train_run` reads of a profile, read once when the notebook binds it (so that a regeneration from cached

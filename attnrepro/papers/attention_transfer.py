@@ -4,7 +4,6 @@
 
 # %% ../../nbs/14b_transfer_paper.ipynb #a7c1e004
 from __future__ import annotations
-import dataclasses
 from typing import Sequence
 
 import torch
@@ -182,10 +181,6 @@ class TransferRuns:
         # layer_decay null / 1: none (and the config hash as before)
         ld = {"layer_decay": s["layer_decay"]} if s.get("layer_decay") not in (None, 1, 1.0) else {}
         tc = TrainConfig(**s["train"], seed=cfg["seed"], **ld)
-        if tc.amp and dry_run_steps() and not torch.cuda.is_available():
-            # a dry run on a CPU without bfloat16 units (AVX2 only) emulates bf16 autocast: a ViT-B step took 14x its
-            # float32 time here, so the CPU times float32 (the probe records amp off; CPU hours do not project GPU ones)
-            tc = dataclasses.replace(tc, amp=False)
         ema = reports_ema(s)
         res = fit(model, tr, va, tc, method, ckpt_dir=ckpt_dir, progress=False, record_correct=hits and not ema)
         h = res["history"]

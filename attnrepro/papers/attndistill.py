@@ -30,7 +30,7 @@ __all__ = ['DRY_EVAL', 'DRY_PROBE_EPOCHS', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS'
            'arms_not_inert', 'FairTest', 'table_agreement', 'regime', 'T10_d', 'claim_evidence']
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #114ddfe2
-import dataclasses, json, os, time
+import json, time
 from collections.abc import Mapping
 
 import numpy as np
@@ -126,20 +126,9 @@ def quality(train_f, val_f, ytr, yva, eval_spec: Mapping, n_cls: int, seed: int 
                lp_correct=pack_correct(lin["correct"]))
     return out
 
-_DRY_FP32_SAID = []
-
 def train_config(train: Mapping, seed: int) -> TrainConfig:
-    """The `TrainConfig` of a run's `train` section. A dry run on the CPU times its steps in float32: bfloat16 autocast
-    is emulated on CPUs without native bf16 (measured ~8x slower per step on this project's CPU), which would make the
-    dry run's cost, not the recipe's, and is no proxy of a GPU's bf16 step either way."""
-    cfg = TrainConfig(**{**train, "betas": tuple(train["betas"]), "seed": seed})
-    dev = os.environ.get("ATTNREPRO_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if cfg.amp and dry_run_steps() and torch.device(dev).type == "cpu":
-        if not _DRY_FP32_SAID:
-            print("[dry run] on the CPU the recipes' bf16 (amp) steps are timed in float32 (bf16 is emulated here)")
-            _DRY_FP32_SAID.append(True)
-        cfg = dataclasses.replace(cfg, amp=False)
-    return cfg
+    "The `TrainConfig` of a run's `train` section (a CPU dry run times float32 where it sets `amp`: `fit` does that)."
+    return TrainConfig(**{**train, "betas": tuple(train["betas"]), "seed": seed})
 
 def _last_cls_maps(model: nn.Module, val_eval, fig_idx) -> list:
     x = torch.stack([val_eval[i][0] for i in fig_idx])

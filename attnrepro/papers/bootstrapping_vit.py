@@ -261,10 +261,6 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     cfg = TrainConfig(**config["train"])
     model, m = create_method(REGISTRY_NAMES.get(method, "ce"), model, **method_options(config, cfg.epochs))
     agent = m.extra_modules.get("agent")   # Joint / Shared: the agent CNN trained beside the ViT
-    if cfg.amp and dry_run_steps() and not torch.cuda.is_available():
-        # a CPU dry run: bf16 autocast without native bf16 kernels is ~5x slower than fp32 here, and a CPU's timing of
-        # a GPU recipe projects nothing; fp32 lets the dry run reach the notebook's end (its probe says amp False)
-        cfg = replace(cfg, amp=False)
     res = fit(model, tr, curve, cfg, m, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress")),
               evaluate_fn=curve_eval(agent))
     # a dry run's numbers are meaningless and fit already timed the evaluation: score a handful of images, not the val set

@@ -207,10 +207,6 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
     meth = gta_method(config, tgt, src, grad_norm_every=max(1, t["steps"] // GRAD_NORM_LOGS))
     batch, epochs = batch_and_epochs(len(train), t)   # the paper fixes iterations, not epochs
     cfg = finetune_train_config(t, batch, epochs, config["seed"], meth.train_overrides)   # every train key takes effect
-    if cfg.amp and dry_run_steps() and not torch.cuda.is_available():
-        # a dry run on a CPU without bfloat16 units (this one: AVX2 only) emulates bf16 autocast: a ViT-S step took ~15x
-        # its float32 time here, so the CPU times float32 (the probe records amp off; CPU hours do not project GPU ones)
-        cfg = dataclasses.replace(cfg, amp=False)
     # per-image test hits kept (pack_correct): two arms scored on one test set compare paired (verdicts.paired_difference)
     # a dry run writes no checkpoint (its weights would cost a ViT-S write per run; nothing here reloads them)
     res = fit(tgt, train, test, cfg, method=meth, ckpt_dir=None if dry_run_steps() else ckpt_dir, progress=False,
