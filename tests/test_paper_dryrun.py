@@ -9,10 +9,10 @@ from attnrepro.runner import dry_run_paper
 
 PAPERS = ["aal", "attention_transfer", "attndistill", "bootstrapping_vit", "gta"]
 BUDGET_S = 300   # the bound on a 2-core CPU; recorded, asserted loosely (CI machines are loaded)
-# Measured here with --dry-run-quick, a 2-image CPU batch, one timed step (nothing else on the cores): aal 81 s,
-# attndistill 67 s, gta 200 s (1,040 runs built), bootstrapping_vit 240 s (2026-11-28); attention_transfer 3,516 s and a
-# 21 GB peak at real widths, 491 s with ViTs wider than ViT-S built 16 wide per head (dryrun.quick_width), ~200 s with
-# a one-image head JSD and no random init in a quick build (models.quick_build, 2026-11-28)
+# Measured here with --dry-run-quick, a 2-image CPU batch, one timed step (2026-11-28, nothing else on the cores):
+# bootstrapping_vit 217 s, gta 183 s (1,040 runs built), attention_transfer 162 s (42 runs; 3,516 s and a 21 GB peak
+# at real widths: a quick CPU dry run builds ViTs wider than ViT-S 16 wide per head and without random init,
+# dryrun.quick_width and models.quick_build), aal 83 s, attndistill 70 s
 
 
 @pytest.mark.slow

@@ -33,7 +33,6 @@ __all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'REGISTR
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #cb3f6e7e
 import json
 from collections.abc import Mapping
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
