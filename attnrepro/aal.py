@@ -14,7 +14,8 @@ from torch import nn
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from .attention import AttentionCapture, ModuleOutputs, on_model_device
+from .attention import AttentionCapture, ModuleOutputs
+from .core import eval_mode
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .losses import exp_decay_schedule, feature_mse_loss, kd_loss, deit_hard_distillation_loss
 from .models import block_names, describe_model, intermediate_features
@@ -100,13 +101,8 @@ def cnn_block_channels(teacher: nn.Module, blocks: Sequence[str] | None = None, 
     "Channels of each selected teacher block output (one dry forward on zeros, eval mode, no grad)."
     h, w = (img_size, img_size) if isinstance(img_size, int) else img_size
     p = next(iter(teacher.parameters()))
-    was = teacher.training
-    teacher.eval()
-    try:
-        with torch.no_grad():
-            _, maps = teacher_block_maps(teacher, torch.zeros(1, 3, h, w, device=p.device, dtype=p.dtype), blocks)
-    finally:
-        teacher.train(was)
+    with eval_mode(teacher), torch.no_grad():
+        _, maps = teacher_block_maps(teacher, torch.zeros(1, 3, h, w, device=p.device, dtype=p.dtype), blocks)
     return [int(m.shape[1]) for m in maps]
 
 # %% ../nbs/12_aal.ipynb #c787201d

@@ -17,6 +17,8 @@ from timm.models.convit import GPSA, MHSA
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
+from .core import eval_mode
+
 # %% auto #0
 __all__ = ['SUPPORTED_ATTENTION', 'CAPTURE_WHAT', 'CLS_ENTROPY_GATE', 'TAP_FEATURES', 'OVERRIDE_SOURCES', 'OVERRIDE_AGGREGATES',
            'attention_blocks', 'AttentionCapture', 'model_device', 'on_model_device', 'attention_logits',
@@ -296,10 +298,8 @@ def cls_row_entropy(model: nn.Module, x: torch.Tensor, layer: int = -1) -> dict:
     """How peaked block `layer`'s CLS row is over the patch keys (renormalised over the patches, as GTA and Attention
     Copy's readout see it), in eval mode: per head, the mean entropy over the images (nats); `ratio` = their mean over
     log(patches), 1.0 for a uniform row. A teacher whose ratio exceeds `CLS_ENTROPY_GATE` has a nearly flat CLS row."""
-    was = model.training
-    model.eval()
-    try: maps = attention_maps(model, x, [layer], cls_only=True)[0]   # (B, H, N)
-    finally: model.train(was)
+    with eval_mode(model):
+        maps = attention_maps(model, x, [layer], cls_only=True)[0]   # (B, H, N)
     npre = int(getattr(_unwrap(model), "num_prefix_tokens", 1))
     p = maps[..., npre:].double()
     p = p / p.sum(-1, keepdim=True)

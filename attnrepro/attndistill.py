@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from timm.models.vision_transformer import VisionTransformer
 
 from .attention import AttentionCapture, Taps, require_vit
+from .core import eval_mode
 from .losses import feature_mse_loss
 from .models import describe_model
 from .protocol import LossTerm, Method, StepContext, put_taps
@@ -327,12 +327,9 @@ def attndistill_method(student: nn.Module, teacher: nn.Module, proj_layers: int 
 def projector_layer_features(student: nn.Module, projector: Projector | None, loader) -> tuple[list[torch.Tensor], torch.Tensor]:
     "([layer-0 CLS features, projector layer 1..n features], labels) over `loader`, eval mode, no grad."
     s = _vit(student, "student")
-    was = s.training, projector.training if projector is not None else None
-    s.eval()
-    if projector is not None: projector.eval()
     dev = next(s.parameters()).device
     feats, labels = None, []
-    try:
+    with eval_mode(s, projector), torch.no_grad():
         for x, y, *_ in loader:
             box = {}
             h = s.norm.register_forward_pre_hook(lambda m, a: box.__setitem__("tok", a[0]))
@@ -342,8 +339,5 @@ def projector_layer_features(student: nn.Module, projector: Projector | None, lo
             feats = [[] for _ in cur] if feats is None else feats
             for f, c in zip(feats, cur): f.append(c.float().cpu())
             labels.append(torch.as_tensor(y).long())
-    finally:
-        s.train(was[0])
-        if projector is not None: projector.train(was[1])
     if feats is None: raise ValueError("projector_layer_features: the loader yielded no batches")
     return [torch.cat(f) for f in feats], torch.cat(labels)

@@ -14,7 +14,6 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from timm.models.vision_transformer import VisionTransformer
 
 from .attention import forward_until, AttentionCapture, AttentionOverride, attention_blocks
 from .core import PACKAGE_DIR, atomic_write_bytes, canonical_json, git_commit, seed_everything

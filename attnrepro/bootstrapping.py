@@ -14,6 +14,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .losses import feature_mse_loss, kd_loss, linear_decay
 from .attention import Taps
+from .core import eval_mode
 from .models import intermediate_features
 from .protocol import (LossTerm, Method, StepContext, assign_grads, ce_loss, project_conflicting, put_taps,
                                 term_grads)
@@ -272,14 +273,9 @@ def describe_agent(agent: AgentCNN, img_size: int | tuple[int, int] | None = Non
     "Rows (layer, operator, output_shape) of the agent's architecture, as in the paper's Tables 6-7."
     h, w = agent.img_size if img_size is None else ((img_size, img_size) if isinstance(img_size, int) else img_size)
     names = [f"{part}.{i}" for part in ("stem", "blocks", "downsample") for i in range(len(getattr(agent, part)))]
-    was = agent.training
-    try:
-        agent.eval()
-        p = next(agent.parameters())
-        with torch.no_grad(), Taps(agent, {"modules": names + ["head"]}, who="describe_agent") as tap:
-            agent(torch.zeros(1, agent.stem[0].in_channels, h, w, device=p.device, dtype=p.dtype))
-    finally:
-        agent.train(was)
+    p = next(agent.parameters())
+    with eval_mode(agent), torch.no_grad(), Taps(agent, {"modules": names + ["head"]}, who="describe_agent") as tap:
+        agent(torch.zeros(1, agent.stem[0].in_channels, h, w, device=p.device, dtype=p.dtype))
     shapes = {n: tuple(o.shape[1:]) for n, o in tap.get("modules").items()}
     rows = []
     for i, m in enumerate(agent.stem):

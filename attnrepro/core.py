@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #b5e98d0b
 from __future__ import annotations
-import contextlib, dataclasses, hashlib, json, os, platform, random, subprocess, sys, tempfile, time
+import contextlib, dataclasses, hashlib, json, os, platform, random, subprocess, tempfile, time
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +12,7 @@ import numpy as np
 # %% auto #0
 __all__ = ['PACKAGE_DIR', 'OMIT_AT_DEFAULT', 'GIT_COMMIT_TTL_S', 'project_root', 'cache_dir', 'canonical_json', 'config_hash',
            'atomic_write_bytes', 'atomic_write_text', 'atomic_write_json', 'atomic_torch_save', 'git_commit',
-           'run_host', 'fit_notes', 'note_fit', 'package_versions', 'seed_everything']
+           'run_host', 'fit_notes', 'note_fit', 'package_versions', 'seed_everything', 'eval_mode']
 
 # %% ../nbs/00_core.ipynb #d0cc5b49
 PACKAGE_DIR = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd().parent / "attnrepro"
@@ -170,3 +170,14 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+@contextlib.contextmanager
+def eval_mode(*models):
+    "The models (None skipped) in eval mode inside the block; each back to its own train/eval state after, also on an error."
+    models = [m for m in models if m is not None]
+    was = [m.training for m in models]
+    for m in models: m.eval()
+    try:
+        yield
+    finally:
+        for m, w in zip(models, was): m.train(w)

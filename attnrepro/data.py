@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_data.ipynb #85293483
 from __future__ import annotations
-import functools, hashlib, io, json, os, shutil, tarfile, tempfile, warnings, zipfile, zlib
+import functools, hashlib, io, json, os, shutil, tarfile, tempfile, zipfile, zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 

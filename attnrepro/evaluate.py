@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .core import eval_mode
+
 # %% auto #0
 __all__ = ['JSD_MATCHINGS', 'MAXBOXACC_GT_ENDS', 'topk_accuracy', 'ensemble_softmax', 'knn_accuracy', 'LinearProbe',
            'linear_probe', 'extract_features', 'linear_cka', 'head_jsd', 'head_jsds', 'upsample_maps', 'max_box_acc',
@@ -179,23 +181,18 @@ def extract_features(model: nn.Module, loader, fn: Callable | None = None) -> tu
     fn = fn or _default_features
     param = next(iter(model.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
-    was_training = model.training
     feats, labels = [], []
-    model.eval()
-    try:
-        with torch.no_grad():
-            for i, batch in enumerate(loader):
-                if not isinstance(batch, (list, tuple)) or len(batch) < 2:
-                    raise TypeError(f"extract_features: batch {i} must be (images, labels, ...), got {type(batch).__name__}")
-                x, y = batch[0], torch.as_tensor(batch[1])
-                f = fn(model, x.to(device))
-                if f.ndim != 2 or f.shape[0] != len(y):
-                    raise ValueError(f"extract_features: features of batch {i} have shape {tuple(f.shape)}, "
-                                     f"expected ({len(y)}, d)")
-                feats.append(f.float().cpu())
-                labels.append(y.long().cpu())
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for i, batch in enumerate(loader):
+            if not isinstance(batch, (list, tuple)) or len(batch) < 2:
+                raise TypeError(f"extract_features: batch {i} must be (images, labels, ...), got {type(batch).__name__}")
+            x, y = batch[0], torch.as_tensor(batch[1])
+            f = fn(model, x.to(device))
+            if f.ndim != 2 or f.shape[0] != len(y):
+                raise ValueError(f"extract_features: features of batch {i} have shape {tuple(f.shape)}, "
+                                 f"expected ({len(y)}, d)")
+            feats.append(f.float().cpu())
+            labels.append(y.long().cpu())
     if not feats:
         raise ValueError("extract_features: the loader yielded no batches")
     return torch.cat(feats), torch.cat(labels)

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch import nn
 
 from .core import seed_everything
 from .data import (AUGMENT_PRESETS, DATASETS, class_balanced_subset, eval_transform, get_dataset,

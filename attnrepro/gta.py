@@ -17,6 +17,7 @@ from timm.models.vision_transformer import VisionTransformer
 
 from .attention import _resolve_layers, model_device, on_model_device
 from .attention import Taps, require_vit
+from .core import eval_mode
 from .evaluate import attention_mass_mask, boxes_to_mask
 from .losses import gta_loss
 from .protocol import LossTerm, Method, StepContext, TeacherPass, ce_loss, put_taps, run_teacher_passes
@@ -433,13 +434,8 @@ def cls_attention(model: nn.Module, x: torch.Tensor, layer: int = -1, head_reduc
     "CLS attention over the patches of block `layer` (softmax, renormalised over patch keys): (B, gh, gw), heads reduced."
     if head_reduce is not None and head_reduce not in HEAD_REDUCE:
         raise ValueError(f"cls_attention: head_reduce={head_reduce!r}; valid: {HEAD_REDUCE} or None (keep heads)")
-    was = model.training
-    model.eval()
-    try:
-        with Taps(model, {"cls_logits": [layer]}, who="cls_attention") as tap:
-            model(on_model_device(model, x))   # CPU images for a model left on the GPU by `fit`
-    finally:
-        model.train(was)
+    with eval_mode(model), Taps(model, {"cls_logits": [layer]}, who="cls_attention") as tap:
+        model(on_model_device(model, x))   # CPU images for a model left on the GPU by `fit`
     npre = int(getattr(model, "num_prefix_tokens", 1))
     logits = tap.list("cls_logits")[0]
     a = logits[..., npre:].softmax(-1)   # = full softmax restricted to the patches, renormalised

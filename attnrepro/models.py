@@ -22,7 +22,7 @@ from timm.models.efficientnet import EfficientNet
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from .core import PACKAGE_DIR, atomic_write_bytes, atomic_write_json, cache_dir, project_root
+from .core import atomic_write_bytes, atomic_write_json, eval_mode, project_root
 from .dryrun import dry_run_steps, quick_cpu, quick_width
 from .attention import ModuleOutputs  # the forward-hook tap, re-exported here
 
@@ -222,15 +222,10 @@ def count_flops(model: nn.Module, img_size: int | tuple[int, int], in_chans: int
     custom = {}
     if hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu"):
         custom[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu] = _cpu_sdpa_flops
-    was_training = model.training
-    model.eval()  # eval path (e.g. DeiT's averaged heads), no dropout
-    try:
-        # grad mode stays on: under no_grad, PiT's expanded class token (a no-grad view of a parameter) trips
-        # the module tracker inside FlopCounterMode; only forward ops are counted either way
-        with FlopCounterMode(display=False, custom_mapping=custom) as fc:
-            model(x)
-    finally:
-        model.train(was_training)
+    # eval path (e.g. DeiT's averaged heads), no dropout. Grad mode stays on: under no_grad, PiT's expanded class
+    # token (a no-grad view of a parameter) trips the module tracker inside FlopCounterMode; only forward ops count
+    with eval_mode(model), FlopCounterMode(display=False, custom_mapping=custom) as fc:
+        model(x)
     return int(fc.get_total_flops())
 
 # %% ../nbs/03_models.ipynb #a439d871

@@ -10,7 +10,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from .core import atomic_write_json, atomic_write_text, cache_dir, git_commit, package_versions, project_root
-from .report import PROFILES, check_profile, load_profile, paper_meta, papers_dir
+from .report import check_profile, load_profile, paper_meta, papers_dir
 
 # %% auto #0
 __all__ = ['KERNEL_NAME', 'COMMITTED_PROFILE', 'RUNNER_PARAMS', 'KERNEL_SETUP', 'KERNEL_ARGS', 'DRYRUN_DIR', 'kernel_setup',

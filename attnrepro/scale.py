@@ -4,7 +4,7 @@
 
 # %% ../nbs/21_scale.ipynb #8f49ab12
 from __future__ import annotations
-import copy, dataclasses, json, math, os, socket, time
+import copy, dataclasses, json, os, socket, time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable, Iterable

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
+from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler, Sampler, SequentialSampler,
                               SubsetRandomSampler, WeightedRandomSampler)
 from tqdm import tqdm
 
@@ -23,7 +23,7 @@ from timm.utils import ModelEmaV3
 
 from .attention import model_device
 from .protocol import Method, StepContext   # the method protocol fit runs
-from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, note_fit,
+from .core import (OMIT_AT_DEFAULT, atomic_torch_save, canonical_json, config_hash, eval_mode, note_fit,
                             seed_everything)
 from .data import ArrayImageDataset, SyntheticImageDataset
 from .dryrun import _CURRENT, dry_run_cpu_batch, dry_run_quick, dry_run_steps, record_probe
@@ -336,21 +336,19 @@ def evaluate(model: nn.Module, loader, device: torch.device | str | None = None,
     # by default batches go where the model is (`fit` leaves a trained model on the GPU)
     device = model_device(model) if device is None else torch.device(device)
     amp = amp and not (dry_run_steps() and device.type == "cpu")   # as in `fit`: a CPU dry run times float32
-    was_training = model.training
-    model.eval()
     sums = torch.zeros(4, dtype=torch.float64)  # correct1, correct5, loss*n, n
     hits = []
-    for batch in loader:
-        x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            logits = model(x)
-        logits = logits.float()
-        # one ranking for acc1, acc5 and the hits (as topk_correct: k capped at the number of classes)
-        hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]
-        c1, c5 = int(hit[:, 0].sum()), int(hit.any(1).sum())
-        if return_correct: hits.append(hit[:, 0].cpu())
-        sums += torch.tensor([c1, c5, F.cross_entropy(logits, y, reduction="sum").item(), len(y)], dtype=torch.float64)
-    model.train(was_training)
+    with eval_mode(model):
+        for batch in loader:
+            x, y = batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                logits = model(x)
+            logits = logits.float()
+            # one ranking for acc1, acc5 and the hits (as topk_correct: k capped at the number of classes)
+            hit = logits.topk(min(5, logits.shape[1]), dim=1).indices == y[:, None]
+            c1, c5 = int(hit[:, 0].sum()), int(hit.any(1).sum())
+            if return_correct: hits.append(hit[:, 0].cpu())
+            sums += torch.tensor([c1, c5, F.cross_entropy(logits, y, reduction="sum").item(), len(y)], dtype=torch.float64)
     if distributed: sums = _all_reduce_sum(sums.to(device)).cpu()
     c1, c5, loss, n = sums.tolist()
     if n == 0: raise ValueError("evaluate: the validation loader yielded no samples.")

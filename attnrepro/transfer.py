@@ -10,14 +10,13 @@ from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from timm.layers import Attention, DropPath
 from timm.models.convit import MHSA
-from timm.models.vision_transformer import VisionTransformer
 
 from .attention import (AttentionCapture, AttentionOverride, _attn_logits, _resolve_layers, attention_blocks,
                                  model_device, on_model_device)
 from .attention import Taps, require_vit
+from .core import eval_mode
 from .evaluate import ensemble_softmax, linear_cka, topk_accuracy
 from .losses import attention_distillation_from_qk, attention_distillation_loss, feature_mse_loss
 from .models import create_student
@@ -346,14 +345,11 @@ def predict_logits(model: nn.Module, loader, device: str | torch.device | None =
     """Logits (n, C) and labels (n,) of `model` in eval mode over `loader` (batches of (x, y, ...)), computed on
     `device` (default: the model's)."""
     device = model_device(model) if device is None else torch.device(device)
-    was = model.training
-    model.eval().to(device)
     outs, ys = [], []
-    try:
+    with eval_mode(model.to(device)):
         for batch in loader:
-            outs.append(model(batch[0].to(device)).float().cpu()); ys.append(batch[1])
-    finally:
-        model.train(was)
+            outs.append(model(batch[0].to(device)).float().cpu())
+            ys.append(batch[1])
     if not outs: raise ValueError("predict_logits: the loader yielded no batches")
     return torch.cat(outs), torch.cat(ys)
 
@@ -400,7 +396,6 @@ def layer_cka(model_a: nn.Module, model_b: nn.Module, loader, max_images: int = 
 def effective_attention_maps(model: nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
     "The (B,H,N,N) attention maps each block of the student applies (copy-aware, see above)."
     inner = _student_of(model)
-    depth = len(attention_blocks(inner))
     x = on_model_device(inner, x)   # e.g. CPU images for a model trained (and left) on the GPU
     with AttentionCapture(inner, what=("q", "k", "maps")) as cap:
         model(x)
