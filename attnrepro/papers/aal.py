@@ -16,7 +16,7 @@ from ..attention import AttentionCapture, on_model_device
 from ..data import IMAGENET_MEAN, IMAGENET_STD
 from ..protocol import Method, StepContext
 
-from ..aal import (AttentionLinks, aal_decay_rates, aal_param_count, cls_attention_maps, link_history,
+from ..aal import (aal_decay_rates, aal_param_count, cls_attention_maps, link_history,
                            link_magnitudes, link_pair_scores, paper_link_mask, renormalize, resample_link_mask,
                            restrict_to_classes, select_links, vit_map_layout)
 
@@ -32,14 +32,13 @@ __all__ = ['NO_SEED_SPREAD', 'CLAIM_TEXTS', 'T5_AAL', 'T5_SOFT', 'T5_HARD', 'T5_
            'teacher_top1', 'train_kw', 'aal_spec', 'convit_arch', 'step_time_config', 'deit_spec', 'regime_config',
            'describe_regime', 'regime_words', 'sweep_regime_words', 'arch_counts_run', 'step_time_run', 'link_ranges',
            'maxboxacc_rows', 'LinkSweep', 'plot_learning_curves', 'plot_link_magnitudes', 'plot_link_evolution',
-           'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words', 'hit_arm', 'seeded',
-           'CachedRuns', 'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps',
-           'table_3', 'curve_arms', 'reach_epoch', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped',
-           'table_5', 'table_A', 'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule',
-           'wsol_val_boxes', 'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'ablation_agreements',
-           'table_lambda_decay', 'SweepArms', 'inert_checks', 'regime_floor', 'check_low_data', 'check_gap',
-           'check_selective', 'check_cifar', 'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda',
-           'check_decay']
+           'plot_attention_examples', 'paper_recipe', 'mean_of', 'links_of', 'link_words', 'hit_arm', 'CachedRuns',
+           'SelectiveLinks', 'table_1', 'sweep_summary', 'pilot_power', 'table_2', 'table_2_gaps', 'table_3',
+           'curve_arms', 'table_3_epochs', 'distill_weights', 'cifar_items', 'run_grouped', 'table_5', 'table_A',
+           'teacher_top1_config', 'table_4', 'pit_aal_spec', 'table_6', 'table_B', 'wsol_gt_rule', 'wsol_val_boxes',
+           'wsol_rule_note', 'table_C', 'table_D', 'table_E', 'ablation_arms', 'table_lambda_decay', 'SweepArms',
+           'inert_checks', 'regime_floor', 'check_low_data', 'check_gap', 'check_selective', 'check_cifar',
+           'check_link_depth', 'check_convergence', 'check_wsol', 'check_lambda', 'check_decay']
 
 # %% ../../nbs/12b_aal_paper.ipynb #0874f7c8
 from scipy.stats import spearmanr
@@ -78,18 +77,13 @@ def _diff(a: Arm, b: Arm, label: str, hits: Mapping[str, Sequence] | None):
 
 def claim_beats_baselines_at_low_data(aal: Mapping[int, Arm], baselines: Mapping[str, Mapping[int, Arm]],
                                       low: Sequence[int], hits: Mapping[str, Sequence] | None = None) -> Verdict:
-    """Claim 1a (Table 2): AAL's top-1 exceeds each baseline's at every fraction in `low`. `aal`, `baselines[name]`:
-    fraction -> Arm. `hits` (optional, by arm name): per-seed per-image hits (`pack_correct`); a difference of two
-    arms that both have them is paired on the shared test set."""
+    "Claim 1a (Table 2): AAL beats each baseline at every fraction of `low`; `hits` (by arm name) pair differences."
     if not low: raise ValueError("claim 1a needs at least one low fraction")
     if (u := _without_spread([*(aal[f] for f in low), *(b[f] for b in baselines.values() for f in low)])): return u
     return all_of([greater(_diff(aal[f], b[f], f"AAL - {name} at {f} %", hits)) for name, b in baselines.items() for f in low])
 
 def same_schedule(epochs: Mapping[int, float], lo: int, hi: int) -> Verdict:
-    """Precondition of claim 1b: the smallest and the largest fraction train the same number of epochs, so that more
-    data is more data under one schedule (the paper: 300 epochs at every fraction). At equal images seen the larger
-    fraction makes fewer passes, and a gap that changes with the fraction cannot be told from one that changes with
-    the schedule."""
+    "Precondition of claim 1b: both ends train the same epochs (paper: 300), else data and schedule are confounded."
     e_lo, e_hi = epochs[lo], epochs[hi]
     if e_lo == e_hi: return Verdict("holds", f"{lo} % and {hi} % train the same {e_lo:g} epochs")
     return untestable(f"{lo} % trains {e_lo:g} epochs and {hi} % {e_hi:g} (equal images seen: more data comes with fewer "
@@ -98,9 +92,7 @@ def same_schedule(epochs: Mapping[int, float], lo: int, hi: int) -> Verdict:
 
 def claim_gap_shrinks(aal: Mapping[int, Arm], baselines: Mapping[str, Mapping[int, Arm]],
                       epochs: Mapping[int, float] | None = None) -> Verdict:
-    """Claim 1b (Table 2): AAL's gain over each baseline is larger at the smallest fraction than at the largest (a
-    contrast of four arms). `epochs` (fraction -> epochs trained): when given, the claim is untestable unless both
-    ends train the same epochs (`same_schedule`)."""
+    "Claim 1b (Table 2): AAL's gain over every baseline shrinks as the fraction grows; with `epochs`, `same_schedule`."
     fr = sorted(aal)
     if len(fr) < 2: raise ValueError(f"claim 1b needs at least two fractions, got {fr}")
     lo, hi = fr[0], fr[-1]
@@ -111,27 +103,20 @@ def claim_gap_shrinks(aal: Mapping[int, Arm], baselines: Mapping[str, Mapping[in
 
 def claim_selective_beats_full(full: Mapping[int, Arm], selective: Mapping[int, Arm], masks: Mapping[int, np.ndarray],
                                low: Sequence[int]) -> Verdict:
-    """Claim 2 (Table 3): selective links beat full links at every fraction in `low`. `masks[f]`: the (blocks,
-    layers) selection used at fraction f; a mask that keeps every pair makes the selective run the full-link run."""
-    parts = []
-    for f in low:
-        m = np.asarray(masks[f], dtype=bool)
+    "Claim 2 (Table 3): selective beats full links at each fraction of `low` (untestable where `masks[f]` keeps all)."
+    def at(f, m):
         if m.all() or selective[f] is full[f]:
-            parts.append(untestable(f"at {f} % Algorithm 1 kept {int(m.sum())}/{m.size} pairs, so the selective-link "
-                                    "run is the full-link run (a run compared with itself)"))
-        else:
-            parts.append(_without_spread([selective[f], full[f]])
-                         or greater(difference(selective[f], full[f], f"selective - full at {f} %")))
-    return all_of(parts)
+            return untestable(f"at {f} % Algorithm 1 kept {int(m.sum())}/{m.size} pairs, so the selective-link run is "
+                              "the full-link run (a run compared with itself)")
+        return (_without_spread([selective[f], full[f]])
+                or greater(difference(selective[f], full[f], f"selective - full at {f} %")))
+    return all_of([at(f, np.asarray(masks[f], dtype=bool)) for f in low])
 
 T5_AAL, T5_SOFT, T5_HARD, T5_AAL_HARD = "CE + AAL", "CE + Soft Distillation", "CE + Hard Distillation", "CE + AAL + Hard Dist."
 
 def claim_cifar_aal_beats_label_distillation(top1: Mapping[str, Mapping[str, Arm]],
                                              hits: Mapping[str, Sequence] | None = None) -> Verdict:
-    """Claim 3 (Table 5): `top1[augmentation][method]` with Table 5's method names. AAL beats soft and hard
-    distillation under every augmentation given, and AAL + hard distillation beats every other method under 'weak'
-    (when 'weak' is given: claim 3a is the weak half, 3b the strong one). `hits` as in
-    `claim_beats_baselines_at_low_data` (paired differences)."""
+    "Claim 3 (Table 5): AAL beats soft / hard distillation; under 'weak' AAL + hard beats all (`hits` as in 1a)."
     if (u := _without_spread([a for t in top1.values() for a in t.values()])): return u
     parts = [greater(_diff(t[T5_AAL], t[o], f"{aug}: AAL - {o}", hits)) for aug, t in top1.items() for o in (T5_SOFT, T5_HARD)]
     if (w := top1.get("weak")) is not None:
@@ -139,15 +124,13 @@ def claim_cifar_aal_beats_label_distillation(top1: Mapping[str, Mapping[str, Arm
     return all_of(parts)
 
 def claim_lambda_best(by_lambda: Mapping[float, Arm], best: float = 2000.0) -> Verdict:
-    """Claim 7 (supplement, lambda ablation): the top-1 at lambda `best` exceeds that at every other lambda of
-    `by_lambda` (lambda -> Arm; arms carrying per-image hits are paired on the test images)."""
+    "Claim 7 (supplement): the top-1 at lambda `best` exceeds that at every other lambda of `by_lambda` (-> Arm)."
     if (u := _without_spread(list(by_lambda.values()))): return u
     return all_of([greater(difference(by_lambda[best], a, f"lambda {best:g} - lambda {lam:g}"))
                    for lam, a in by_lambda.items() if lam != best])
 
 def claim_decay_beats_fixed(final: Arm, fixed: Arm) -> Verdict:
-    """Claim 8 (supplement, decay ablation): the paper's two-rate lambda decay (0.99, then 0.98 for the last third)
-    beats one fixed rate of 0.99 (arms carrying per-image hits are paired on the test images)."""
+    "Claim 8 (supplement): the paper's two-rate lambda decay (0.99, then 0.98 for the last third) beats a fixed 0.99."
     return _without_spread([final, fixed]) or greater(difference(final, fixed, "two-rate decay - fixed 0.99"))
 
 # %% ../../nbs/12b_aal_paper.ipynb #bc63ca42
@@ -169,18 +152,13 @@ def init_link_magnitude(num_vit_maps: int) -> float:
     return 0.5 / math.sqrt(num_vit_maps)
 
 def claim_links_follow_depth(depth_corr: Mapping[str, Arm], top_share_more_data: Arm, top_share_less_data: Arm) -> Verdict:
-    """Claim 4 (Figure 2): every `depth_corr` arm (Spearman per seed, `link_depth_correlation`) is above 0, and the
-    top-layer share (`top_layer_share`) is smaller when trained on more data."""
-    if (u := _without_spread([*depth_corr.values(), top_share_more_data, top_share_less_data])): return u
-    parts = [greater(contrast([(1.0, a)], f"Spearman(block, weighted layer), {name}")) for name, a in depth_corr.items()]
-    parts.append(less(difference(top_share_more_data, top_share_less_data)))
-    return all_of(parts)
+    "Claim 4 (Figure 2): each `depth_corr` arm (Spearman per seed) exceeds 0; the top-layer share falls with more data."
+    return _without_spread([*depth_corr.values(), top_share_more_data, top_share_less_data]) or all_of(
+        [greater(contrast([(1.0, a)], f"Spearman(block, weighted layer), {name}")) for name, a in depth_corr.items()]
+        + [less(difference(top_share_more_data, top_share_less_data))])
 
 def links_learned(masks: Mapping[str, np.ndarray], detail: str = "") -> Verdict:
-    """Precondition of the claims that read structure in trained links (2, 4): Algorithm 1 cuts at least one (CNN
-    block, ViT layer) pair of some link in `masks` (name -> its selection, e.g. alpha and beta). When it keeps every
-    pair of every link, the links have not moved far enough from their random initialisation to single out a pair;
-    `detail` (e.g. mean |w| trained vs at init) is added to the reason."""
+    "Precondition of claims 2 and 4: Algorithm 1 cuts a pair of a link in `masks` (else the links sit at their init)."
     kept = {k: (int(np.asarray(m, dtype=bool).sum()), int(np.asarray(m).size)) for k, m in masks.items()}
     txt = ", ".join(f"{k} keeps {a}/{n}" for k, (a, n) in kept.items())
     if any(a < n for a, n in kept.values()):
@@ -191,12 +169,10 @@ def links_learned(masks: Mapping[str, np.ndarray], detail: str = "") -> Verdict:
 # %% ../../nbs/12b_aal_paper.ipynb #e7832f4a
 def epochs_to_reach(curve: Sequence[Mapping], target: float) -> int | None:
     "First evaluated epoch of `curve` (rows with 'epoch', 'top1') whose top-1 reaches `target`; None if none does."
-    hit = [c["epoch"] for c in curve if c["top1"] >= target]
-    return hit[0] if hit else None
+    return next((c["epoch"] for c in curve if c["top1"] >= target), None)
 
 def claim_converges_faster(method: Arm, baseline: Arm, horizon: float = math.inf) -> Verdict:
-    """Claim 5 (Figure 3): `method` needs fewer epochs than `baseline` to reach the target (Arms of epochs to reach
-    it, one per seed; a run that never reaches it is recorded at `horizon`)."""
+    "Claim 5 (Figure 3): `method` needs fewer epochs to reach the target (Arms per seed; never reached: at `horizon`)."
     if (u := _without_spread([method, baseline])): return u
     if min(method.values) >= horizon and min(baseline.values) >= horizon:
         return untestable(f"neither {method.name} nor {baseline.name} reaches the target within {horizon:g} epochs")
@@ -207,9 +183,7 @@ def claim_converges_faster(method: Arm, baseline: Arm, horizon: float = math.inf
     return v
 
 def claim_localises_better(aal: Mapping[str, Arm], deit: Mapping[str, Arm]) -> Verdict:
-    """Claim 6 (Table C): AAL's MaxBoxAcc exceeds DeiT's at IoU 0.5 (key 'iou50') and averaged over IoU 0.3/0.5/0.7
-    ('mean'). An average of accuracies on the same n boxes has at most the binomial variance of its mean, so
-    `n_test` = number of boxes is conservative for it."""
+    "Claim 6 (Table C): AAL's MaxBoxAcc beats DeiT's at IoU 0.5 and over 0.3/0.5/0.7 (`n_test` = boxes: conservative)."
     keys = ("iou50", "mean")
     if (u := _without_spread([*(aal[k] for k in keys), *(deit[k] for k in keys)])): return u
     return all_of([greater(difference(aal[k], deit[k], f"MaxBoxAcc AAL - DeiT ({k})")) for k in keys])
@@ -237,9 +211,9 @@ def frozen_teacher(name: str) -> nn.Module:
         _TEACHERS[name] = load_teacher(name).eval().requires_grad_(False)
     return _TEACHERS[name]
 
-def teacher_stats(t: nn.Module) -> tuple:
-    "The (mean, std) a loaded teacher expects its input normalised with."
-    return tuple(t.teacher_cfg["mean"]), tuple(t.teacher_cfg["std"])
+def teacher_stats(t: nn.Module) -> dict:
+    "The normalisation a loaded teacher expects its input in, as the methods' `teacher_mean` / `teacher_std` kwargs."
+    return dict(teacher_mean=tuple(t.teacher_cfg["mean"]), teacher_std=tuple(t.teacher_cfg["std"]))
 
 def label_teacher(name: str, classes) -> nn.Module:
     "The teacher as a classifier over the student's classes (ImageNet teachers restricted to them, `ClassSubset`)."
@@ -247,22 +221,16 @@ def label_teacher(name: str, classes) -> nn.Module:
 
 _SUBSETS = ProcessCache()   # (dataset, fraction, per_class, seed) -> the subset's indices, drawn once per process
 
-def _train_subset(tr, spec: Mapping, **how):
-    """`class_balanced_subset(tr, **how)`, its indices drawn once per process and data spec (the same indices: the draw
-    depends only on the labels and the seed; on ImageNet's 1.28M labels one draw takes seconds, and the paper grid draws
-    each fraction for several runs)."""
-    key = (spec["name"], how.get("fraction"), how.get("per_class"), how["seed"])
-    if key not in _SUBSETS: _SUBSETS[key] = class_balanced_subset(tr, **how).indices
-    return LabelledSubset(tr, _SUBSETS[key])
-
 def run_datasets(spec: Mapping, img_size: int, augment: str):
-    "(train subset, val set, classes) of a data spec {name, val_split, fraction | per_class, subset_seed, val_per_class}."
+    "(train subset, val set, classes) of a data spec; a subset's indices drawn once per process (seconds on ImageNet)."
     tr = get_dataset(spec["name"], "train", transform=train_transform(augment, img_size))
     va = get_dataset(spec["name"], spec["val_split"], transform=eval_transform(img_size))
-    if spec.get("fraction") is not None and spec["fraction"] < 1:
-        tr = _train_subset(tr, spec, fraction=spec["fraction"], seed=spec.get("subset_seed", 0))
-    elif spec.get("per_class"):
-        tr = _train_subset(tr, spec, per_class=spec["per_class"], seed=spec.get("subset_seed", 0))
+    frac = spec.get("fraction") is not None and spec["fraction"] < 1
+    if frac or spec.get("per_class"):
+        how = dict(fraction=spec["fraction"]) if frac else dict(per_class=spec["per_class"])
+        key = (spec["name"], how.get("fraction"), how.get("per_class"), spec.get("subset_seed", 0))
+        if key not in _SUBSETS: _SUBSETS[key] = class_balanced_subset(tr, **how, seed=key[-1]).indices
+        tr = LabelledSubset(tr, _SUBSETS[key])
     if spec.get("val_per_class"):
         va = class_balanced_subset(va, per_class=spec["val_per_class"], seed=0)
     return tr, va, list(tr.classes)
@@ -276,14 +244,11 @@ def load_backbone_(student: nn.Module, spec: str) -> None:
     "Every weight of the pre-trained model `spec` but its classifier head(s) into `student`; any other mismatch is an error."
     src = {k: v for k, v in frozen_teacher(spec).state_dict().items() if not k.startswith("head")}
     missing, unexpected = student.load_state_dict(src, strict=False)
-    if [k for k in missing if not k.startswith("head")] or unexpected:
-        raise ValueError(f"{spec} does not fit the student: missing {[k for k in missing if not k.startswith('head')]}, "
-                         f"unexpected {unexpected}")
+    if (missing := [k for k in missing if not k.startswith("head")]) or unexpected:
+        raise ValueError(f"{spec} does not fit the student: missing {missing}, unexpected {unexpected}")
 
 def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Method | None]:
-    """Student and method (None: plain CE) of a run config; `distill`: the recipe's label-distillation weights. A 'deit'
-    student trains in distilled mode: without a label-distillation term (the paper profile's CE and CE + AAL runs on
-    DeiT-S, distilled version) its class head gets the CE and its distillation head no term (decision 1)."""
+    "Student and method (None: plain CE) of a run config, `distill` the recipe's; DeiT in distilled mode (decision 1)."
     m, arch = config["method"], dict(config["arch"])
     n_cls, epochs = len(classes), config["train"]["epochs"]
     if m["kind"] not in AAL_METHODS:
@@ -293,8 +258,8 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
         raise ValueError(f"label distillation ({kind}) needs arch 'deit', got {arch['arch']!r}")
     # teachers loaded before seeding: building one draws random init weights, so a first load after the seed (a fresh
     # process) would shift the links' init against a later run of the same config (the teacher cached by then)
-    for name in (m.get("teacher"), config.get("init")):
-        if name: frozen_teacher(name)
+    for name in filter(None, (m.get("teacher"), config.get("init"))):
+        frozen_teacher(name)
     seed_everything(config["train"].get("seed", 0))
     student = create_student(**arch, num_classes=n_cls)
     if config.get("init"): load_backbone_(student, config["init"])   # Table B's transfer rows (paper profile)
@@ -306,14 +271,12 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
     label = dict(ce_weight=d["ce_weight"], dist_weight=d["weight"], T=d.get("T", 1.0)) if kind else {}
     if m["kind"] == "deit":
         return create_method(f"deit_{kind}", student, label_teacher(m["teacher"], classes),
-                             **dict(zip(("teacher_mean", "teacher_std"), teacher_stats(frozen_teacher(m["teacher"])))),
-                             teacher_size=ts, **label)
+                             **teacher_stats(frozen_teacher(m["teacher"])), teacher_size=ts, **label)
     t = frozen_teacher(m["teacher"])
     g, g_last = lambda_gammas(m, epochs)
     aal = dict(lam=m["lam"], gamma=g, gamma_last_third=g_last, epochs=epochs, teacher_size=ts)
     if m["kind"] == "pit_aal":
-        return create_method("pit_aal", student, t, **aal,
-                             **dict(zip(("teacher_mean", "teacher_std"), teacher_stats(t))))
+        return create_method("pit_aal", student, t, **aal, **teacher_stats(t))
     links = torch.tensor(m["links"], dtype=torch.bool) if isinstance(m["links"], list) else m["links"]
     if kind and label_teacher(m["teacher"], classes) is not t:   # AAL + hard: the teacher must predict these classes
         raise ValueError("AAL + label distillation here uses a teacher trained on the student's classes")
@@ -322,8 +285,7 @@ def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Me
 
 def cls_mean_maps(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     "Mean of all Eq. 3 maps (every head of every layer): (B, h, w)."
-    lay = vit_map_layout(model)
-    was = model.training
+    lay, was = vit_map_layout(model), model.training
     model.eval()
     with torch.no_grad(), AttentionCapture(model, what="maps", cls_only=True) as cap:
         model(on_model_device(model, x))   # `fit` leaves the student on the GPU; the images come from a CPU dataset
@@ -331,10 +293,7 @@ def cls_mean_maps(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return cls_attention_maps(cap.maps, lay["grid"], lay["prefix_tokens"]).mean(1).cpu()
 
 def boxes_in_view(ds, img_size: int):
-    """`ds.boxes` in the frame the student sees, as integer pixel boxes (`data.eval_frame_boxes(pixels=True)`): images
-    read from files at their own size (CUB-200) are resized and centre-cropped by eval_transform, so their boxes are
-    too; decoded arrays (Tiny-ImageNet) are shown at their stored size and keep their boxes. A dry run's synthetic
-    stand-in has no boxes: whole-image boxes stand in."""
+    "`ds.boxes` as pixel boxes in the frame the student sees (`eval_frame_boxes` for files); dry run: whole images."
     if ds.boxes is None:
         return [np.array([[0, 0, img_size, img_size]])] * len(ds) if dry_run_steps() else None
     base, idx = (ds.dataset, ds.indices) if isinstance(ds, torch.utils.data.Subset) else (ds, range(len(ds)))
@@ -349,19 +308,17 @@ def wsol_probe(model: nn.Module, va, spec: Mapping) -> dict:
         raise ValueError(f"WSOL needs a val set with boxes; {spec} has none")
     view = boxes_in_view(sub, sub[0][0].shape[-1])
     n = min(len(sub), 2 * dry_run_cpu_batch()) if dry_run_steps() else len(sub)   # a dry run times a few images
-    maps, boxes = [], []
+    maps = []
     for i in range(0, n, 100):
-        idx = range(i, min(i + 100, n))
-        x = torch.stack([sub[j][0] for j in idx])
+        x = torch.stack([sub[j][0] for j in range(i, min(i + 100, n))])
         maps.append(upsample_maps(cls_mean_maps(model, x), x.shape[-1]))
-        boxes += [view[j] for j in idx]
-    res = max_box_acc(torch.cat(maps), boxes, iou_thresholds=(0.3, 0.5, 0.7), gt_ends=MAXBOXACC_GT_ENDS)
+    res = max_box_acc(torch.cat(maps), [view[j] for j in range(n)], iou_thresholds=(0.3, 0.5, 0.7),
+                      gt_ends=MAXBOXACC_GT_ENDS)
     ex = np.linspace(0, len(va) - 1, spec.get("example_images", 6)).round().astype(int).tolist()
     xm = cls_mean_maps(model, torch.stack([va[i][0] for i in ex]))
     # the ground-truth box rule the numbers were computed under (runs before issue #45 record none: 'exclusive')
     return dict(wsol={k: res[k] for k in ("iou30", "iou50", "iou70")}, wsol_n=len(sub), wsol_gt_ends=MAXBOXACC_GT_ENDS,
-                example_index=ex,
-                example_maps=[[[round(float(v), 5) for v in row] for row in m] for m in xm])
+                example_index=ex, example_maps=[[[round(float(v), 5) for v in row] for row in m] for m in xm])
 
 def abs_hist(w0: torch.Tensor, w: torch.Tensor, bins: int = 30) -> dict:
     "Histograms of |link| at initialisation and after training on common bins (Figure 2's init panel)."
@@ -370,28 +327,23 @@ def abs_hist(w0: torch.Tensor, w: torch.Tensor, bins: int = 30) -> dict:
                 trained=np.histogram(w.abs().numpy(), edges)[0].tolist())
 
 def train_config(config: Mapping) -> dict:
-    """`TrainConfig` kwargs of a run config: its augmentation preset's Mixup / CutMix / label smoothing, then its `train`
-    (a key the recipe's `train` sets explicitly wins over the preset's default; the preset no longer overrides it)."""
+    "`TrainConfig` kwargs of a run config: its augmentation preset (Mixup, CutMix, smoothing) under its `train`."
     return {**AUGMENT_PRESETS[config["augment"]], **config["train"]}
 
 def run_recipe(recipe: Mapping) -> dict:
-    """What `train_run` reads of a profile, read once when the notebook binds it (so that a regeneration from cached
-    runs, which trains nothing, still reads them): the label-distillation weights, Algorithm 1's theta_l, progress."""
+    "What `train_run` reads of a profile (distill, theta_l, progress), bound once: a cached regeneration reads it too."
     return dict(distill={k: dict(v) for k, v in recipe["distill"].items()}, theta_l=recipe["theta_l"],
                 progress=bool(recipe.get("progress", False)))
 
 def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
-    """Train one run config of the aal notebook (`recipe`: its profile, or `run_recipe` of it, for `distill`, `theta_l`,
-    `progress`): top-1/5,
-    the per-image val hits, the learning curve, loss weights per epoch, and for AAL the links and their history."""
+    "Train one run config (`recipe`: the profile or its `run_recipe`): top-1/5, per-image hits, curve, AAL links."
     tr, va, classes = run_datasets(config["data"], config["arch"]["img_size"], config["augment"])
     student, method = build_run(config, classes, recipe["distill"])
     links = method.extra_modules.get("aal_links") if method is not None else None   # AAL, alone or composed
     w0 = links.link_weight().detach().clone() if links is not None else None   # the random init (seeded), Figure 2
-    cfg = TrainConfig(**train_config(config))
     # per-image val hits kept (pack_correct) so that arms compare paired on one test set (verdicts.paired_difference)
-    res = fit(student, tr, va, cfg, method=method, ckpt_dir=ckpt_dir, progress=bool(recipe.get("progress", False)),
-              record_correct=True)
+    res = fit(student, tr, va, TrainConfig(**train_config(config)), method=method, ckpt_dir=ckpt_dir,
+              progress=bool(recipe.get("progress", False)), record_correct=True)
     hist = res["history"]
     out = dict(top1=res["final"]["acc1"], top5=res["final"]["acc5"], epochs=res["epochs"], steps=res["steps"],
                n_train=len(tr), n_val=res["final"]["n"] if dry_run_steps() else len(va),   # a dry run scores a few
@@ -418,8 +370,7 @@ def teacher_top1(config: Mapping, ckpt_dir=None) -> dict:
     name, spec, ts = config["teacher"], config["data"], config.get("teacher_size")
     tr, va, classes = run_datasets(dict(spec, fraction=None), config["img_size"], "none")
     if dry_run_steps(): va = torch.utils.data.Subset(va, range(min(len(va), 2 * dry_run_cpu_batch())))   # a few images
-    t = label_teacher(name, classes)
-    mean, std = teacher_stats(frozen_teacher(name))
+    t, (mean, std) = label_teacher(name, classes), teacher_stats(frozen_teacher(name)).values()
     correct = n = 0
     with torch.no_grad():
         for i in range(0, len(va), 250):
@@ -451,16 +402,13 @@ def aal_spec(recipe: Mapping, teacher_name: str, links="full", lam=None, decay=N
     return m
 
 def convit_arch(recipe: Mapping, student: Mapping) -> dict:
-    """The ConViT baseline beside `student`: its layout with arch 'convit', then the profile's `sweep.convit` overrides
-    where it gives them (paper: ConViT-S, 9 heads x 48 = 432 wide, 27.8M parameters as timm's `convit_small`; below it
-    the student's own width, and no key, so that those configs hash as they did)."""
+    "The ConViT beside `student`, `sweep.convit` overriding where set (paper: ConViT-S; else no key: hashes kept)."
     return dict(student, arch="convit", **recipe["sweep"].get("convit", {}))
 
 def step_time_config(recipe: Mapping, student: Mapping, teacher: str, data: str) -> dict:
     "Table D's step-time config: the sweep's student and teacher, the profile's `table_d.runtime`, and `sweep.convit` where set."
-    cv = recipe["sweep"].get("convit")
     return dict(kind="step_time", student=student, teacher=teacher, data=data, **recipe["table_d"]["runtime"],
-                **({"convit": dict(cv)} if cv else {}))
+                **({"convit": dict(cv)} if (cv := recipe["sweep"].get("convit")) else {}))
 
 def deit_spec(teacher_name: str, kind: str = "hard", teacher_size=None) -> dict:
     "The method spec of DeiT label distillation from `teacher_name`."
@@ -482,8 +430,7 @@ def describe_regime(recipe: Mapping, name: str) -> str:
 
 def regime_words(recipe: Mapping, name: str, arch: Mapping | None = None, teacher: str | None = None,
                  runs: Sequence[Mapping] = (), teacher_size: int | None = None) -> str:
-    """The regime a claim's verdict is about, in words (claims.md's `regime`): data, augmentation, epochs and the
-    optimiser steps its `runs` took, the student's resolution and size, and the teacher."""
+    "The regime a claim's verdict is about, in words (claims.md's `regime`): data, steps of `runs`, student, teacher."
     steps = sorted({r["steps"] for r in runs if r.get("steps")})
     bs = recipe["regimes"][name].get("batch_size", recipe["train"]["batch_size"])
     out = describe_regime(recipe, name) + (f" ({'/'.join(map(str, steps))} steps at batch {bs})" if steps else "")
@@ -515,12 +462,10 @@ def arch_counts_run(config: Mapping, ckpt_dir=None) -> dict:
     return out
 
 def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> dict:
-    """Median seconds of one training step (forward incl. teacher, backward, update) of the DeiT, ConViT and AAL students
-    of `config` (student shape, teacher, data, batch, warm-up and timed steps) on `device` (default: the CPU)."""
+    "Median seconds per training step (forward incl. teacher, backward, update) of `config`'s DeiT, ConViT, AAL."
     import os, time
     dev = torch.device(device or "cpu")
-    st, tt = config["student"], config["teacher"]
-    batch, warmup, steps = config["batch"], config["warmup"], config["steps"]
+    st, tt, batch, warmup, steps = (config[k] for k in ("student", "teacher", "batch", "warmup", "steps"))
     if dry_run_steps(): batch, warmup, steps = 2, 0, 1   # a dry run: one step of two images per student (seconds)
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(0)
@@ -549,36 +494,28 @@ def step_time_run(config: Mapping, ckpt_dir, recipe: Mapping, device=None) -> di
             if i >= warmup: ts.append(time.perf_counter() - t0)
         out[key] = float(np.median(ts))
     if dev.type == "cuda": out["device"] = torch.cuda.get_device_name(dev)
-    out["threads"] = torch.get_num_threads()
-    out["load1"] = os.getloadavg()[0]
-    return out
+    return dict(out, threads=torch.get_num_threads(), load1=os.getloadavg()[0])
 
 # %% ../../nbs/12b_aal_paper.ipynb #c9c4f79a
+from itertools import groupby
+
 from ..core import config_hash
 from ..data import denormalize
 
 def link_ranges(row) -> str:
     "1-based linked layers of one link-mask row as 'a-b, c' ranges ('none' when the row links nothing)."
-    idx = [i + 1 for i, v in enumerate(row) if v]
-    if not idx: return "none"
-    out, start, prev = [], idx[0], idx[0]
-    for i in idx[1:] + [None]:
-        if i is not None and i == prev + 1:
-            prev = i; continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
-        if i is not None: start = prev = i
-    return ", ".join(out)
+    layers = enumerate(i + 1 for i, v in enumerate(row) if v)
+    runs = [[i for _, i in g] for _, g in groupby(layers, lambda t: t[1] - t[0])]   # consecutive layers: one run
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs) or "none"
 
 def maxboxacc_rows(name: str, w: Mapping) -> list[dict]:
     "Table C's rows of one model from its `wsol_probe` scores: IoU 0.3, 0.5 and the means over [0.3, 0.5] and [0.3, 0.5, 0.7]."
-    return [dict(iou_threshold="0.3", method=name, maxboxacc=w["iou30"]), dict(iou_threshold="0.5", method=name, maxboxacc=w["iou50"]),
-            dict(iou_threshold="[0.3, 0.5]", method=name, maxboxacc=(w["iou30"] + w["iou50"]) / 2),
-            dict(iou_threshold="[0.3, 0.5, 0.7]", method=name, maxboxacc=(w["iou30"] + w["iou50"] + w["iou70"]) / 3)]
+    ious = {"0.3": ["iou30"], "0.5": ["iou50"], "[0.3, 0.5]": ["iou30", "iou50"],
+            "[0.3, 0.5, 0.7]": ["iou30", "iou50", "iou70"]}
+    return [dict(iou_threshold=t, method=name, maxboxacc=sum(w[k] for k in ks) / len(ks)) for t, ks in ious.items()]
 
 class LinkSweep:
-    """The data-fraction sweep of the paper notebook (Tables 2, 3 and E, Figures 2-3, the pilot): configs by fraction,
-    arm and seed of `recipe` (a profile), each fraction's seeds run as one grid through `run_all([(config, name), ...])
-    -> [result, ...]` (the notebook's cached, possibly scaled-out runs)."""
+    "The data-fraction sweep (Tables 2, 3, E, Figures 2-3, pilot): configs by fraction, arm, seed, run by `run_all`."
     def __init__(self, recipe: Mapping, run_all: Callable[[list], list]):
         self.recipe, self.run_all, self.spec = recipe, run_all, recipe["sweep"]
         self.fractions = sorted(int(f) for f in self.spec["fractions"])
@@ -611,8 +548,7 @@ class LinkSweep:
         return self.by_fraction(lambda f, s: (self.config(f, method, arch, s, arm), f"{arm}_{f}_seed{s}"), arm)
 
     def check_reuse(self, mini: Mapping, ce_method: Mapping, reuse: Sequence[Mapping] | None = None) -> None:
-        """The mini profile's `sweep.reuse` (the pilot's CE runs; `reuse`: this profile's own list where it has one) still
-        hash to the runs it names, as this sweep builds them from `mini`."""
+        "The mini profile's `sweep.reuse` (the pilot's CE runs; or `reuse`) still hash to the runs it names."
         for r in (mini["sweep"].get("reuse", []) if reuse is None else reuse):
             if r["arm"] != "ce":
                 raise ValueError(f"sweep.reuse lists {r['arm']!r} runs; only the pilot's CE runs are reusable")
@@ -637,24 +573,30 @@ def plot_learning_curves(curves: Mapping[str, list], target: float, title: str, 
     ax.axhline(target, color="grey", ls="--", lw=0.8, label=f"target {target:.1f} %")
     ax.set_xlabel("epoch"); ax.set_ylabel("test top-1 (%)"); ax.legend(fontsize=6)
     ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    return _titled(fig, title)
+
+def _titled(fig, title: str):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
 
-def _link_axes(ax, m, fontsize):
-    ax.set_xticks(range(1, m.shape[-1] + 1)); ax.set_yticks(range(1, m.shape[-2] + 1))
-    ax.set_xlabel("ViT layer", fontsize=fontsize)
+def _link_heat(ax, m, title: str, sizes: tuple, **kw):
+    "One (CNN block, ViT layer) heat map panel of Figures 2 and B; `sizes`: title, tick and axis-label font sizes."
+    im = ax.imshow(m, cmap="viridis", aspect="auto", origin="lower",
+                   extent=(0.5, m.shape[1] + 0.5, 0.5, m.shape[0] + 0.5), **kw)
+    ax.set_title(title, fontsize=sizes[0])
+    ax.tick_params(labelsize=sizes[1])
+    ax.set_xticks(range(1, m.shape[-1] + 1))
+    ax.set_yticks(range(1, m.shape[-2] + 1))
+    ax.set_xlabel("ViT layer", fontsize=sizes[2])
+    return im
 
 def plot_link_magnitudes(heat: Mapping[str, np.ndarray], run: Mapping, theta_l: float, which: str):
-    """Figure 2: mean |link| per (CNN block, ViT layer) of each map in `heat`, and the |w| histogram of one full-link
-    `run` at init vs trained against Algorithm 1's cut (`which`: what that run is, e.g. '5 %, seed 0')."""
+    "Figure 2: mean |link| per (CNN block, ViT layer) of each `heat` map; `run`'s |w| at init vs trained vs the cut."
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(heat) + 1, figsize=(3.2 * (len(heat) + 1), 3.0))
     for ax, (k, m) in zip(axes, heat.items()):
-        im = ax.imshow(m, cmap="viridis", aspect="auto", origin="lower", extent=(0.5, m.shape[1] + 0.5, 0.5, m.shape[0] + 0.5))
-        ax.set_title(k, fontsize=7); ax.tick_params(labelsize=7)
-        _link_axes(ax, m, 8)
-        fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.colorbar(_link_heat(ax, m, k, (7, 7, 8)), ax=ax, fraction=0.046)
     axes[0].set_ylabel("CNN block", fontsize=8)
     h = run["link_abs_hist"]
     mid = (np.array(h["edges"][1:]) + np.array(h["edges"][:-1])) / 2
@@ -664,23 +606,16 @@ def plot_link_magnitudes(heat: Mapping[str, np.ndarray], run: Mapping, theta_l: 
     axes[-1].axvline(theta_l * h["edges"][-1], color="red", lw=0.8, label=f"Algorithm 1 cut: {theta_l} x max |w|")
     axes[-1].set_xlabel("|w| (one link)", fontsize=8); axes[-1].set_ylabel("links", fontsize=8); axes[-1].tick_params(labelsize=7)
     axes[-1].set_title(f"|w| at init vs trained ({which})", fontsize=7); axes[-1].legend(fontsize=6)
-    fig.suptitle("Figure 2: mean |link| per (CNN block, ViT layer), and the links against their initialisation")
-    fig.tight_layout()
-    return fig
+    return _titled(fig, "Figure 2: mean |link| per (CNN block, ViT layer), and the links against their initialisation")
 
 def plot_link_evolution(run: Mapping, title: str):
     "Figure B: a full-link run's link magnitudes at up to 4 epochs of its `link_history`, and each layer's mean over epochs."
     import matplotlib.pyplot as plt
     hist = np.array(run["link_history"])   # (epochs, blocks, layers)
     show = sorted(set(np.linspace(0, len(hist) - 1, min(4, len(hist))).round().astype(int).tolist()))
-    fig, axes = plt.subplots(1, len(show) + 1, figsize=(2.6 * (len(show) + 1), 2.8), squeeze=False)
-    axes = axes[0]
-    vmax = float(hist.max())
+    fig, (axes,) = plt.subplots(1, len(show) + 1, figsize=(2.6 * (len(show) + 1), 2.8), squeeze=False)
     for ax, e in zip(axes, show):
-        ax.imshow(hist[e], cmap="viridis", vmin=0, vmax=vmax, aspect="auto", origin="lower",
-                  extent=(0.5, hist.shape[2] + 0.5, 0.5, hist.shape[1] + 0.5))
-        ax.set_title(f"epoch {e + 1}", fontsize=8); ax.tick_params(labelsize=6)
-        _link_axes(ax, hist[e], 7)
+        _link_heat(ax, hist[e], f"epoch {e + 1}", (8, 6, 7), vmin=0, vmax=float(hist.max()))
     axes[0].set_ylabel("CNN block", fontsize=7)
     per_layer = hist.mean(1)   # (epochs, layers)
     for l in range(per_layer.shape[1]):
@@ -688,9 +623,7 @@ def plot_link_evolution(run: Mapping, title: str):
     axes[-1].axhline(np.mean(run["links_init"]), color="grey", ls="--", lw=0.8, label="init")
     axes[-1].set_xlabel("epoch", fontsize=7); axes[-1].set_title("mean over blocks", fontsize=8)
     axes[-1].legend(fontsize=5); axes[-1].tick_params(labelsize=6)
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title)
 
 def plot_attention_examples(images: Sequence[torch.Tensor], panels: Sequence[tuple[str, Sequence]], title: str):
     "Figure A: normalised (3, H, W) `images` in the first row, then one row per (label, maps) panel."
@@ -703,9 +636,7 @@ def plot_attention_examples(images: Sequence[torch.Tensor], panels: Sequence[tup
         axes[i][0].set_ylabel(lab, fontsize=8)
     for ax in axes.flat:
         ax.set_xticks([]); ax.set_yticks([])
-    fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _titled(fig, title)
 
 
 # %% ../../nbs/12b_aal_paper.ipynb #b87053da
@@ -714,8 +645,15 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..report import load_reported, side_by_side
-from ..evaluate import MAXBOXACC_GT_ENDS, whole_image_box_acc
+from ..evaluate import whole_image_box_acc
 from ..verdicts import arm, arm_agreement, mean_ci, pilot_table, pooled_sd, result_seeds
+
+def _vs_paper(key: str, ours: pd.DataFrame, on: list, values: list, profile: str, rep=None) -> pd.DataFrame:
+    "Our rows beside the paper's table `key` (or `rep`, already loaded), by `side_by_side`; seed counts as integers."
+    t = side_by_side(load_reported("aal", key) if rep is None else rep, ours, on=on, values=values, profile=profile)
+    if "seeds" in values:
+        t[f"seeds (ours, {profile})"] = t[f"seeds (ours, {profile})"].astype("Int64")
+    return t
 
 def _sweep_parts(recipe: Mapping) -> tuple:
     "The sweep spec, its student and its (map) teacher of a profile."
@@ -742,49 +680,38 @@ def links_of(mask: np.ndarray):
     return "full" if mask.all() else mask.astype(int).tolist()
 
 def link_words(links, which: str = "alpha") -> str:
-    """A run's link spec (`links_of`: what its config trained with) in words for a caption: the full link where
-    Algorithm 1 kept every pair (the paper's selective link does not exist there), else the selective one."""
+    "A run's link spec (`links_of`) in words for a caption: the full link where Algorithm 1 kept every pair."
     if links is None: return f"{which} link"
     if isinstance(links, str) and links == "full":
         return f"full links (Algorithm 1 kept every pair, so the {which} link is the full link)"
     return f"selective ({which}) link"
 
 def hit_arm(runs: Sequence[Mapping], name: str, **sd):
-    """The top-1 arm of one row's runs carrying their per-image hits where every run kept them (then its differences
-    are paired on the test images, and `verdicts.arms_differ` can tell whether it is inert); `sd`: a borrowed spread."""
+    "The top-1 arm of a row's runs with their per-image hits where all kept them (paired); `sd`: a borrowed spread."
     hits = [r["correct"] for r in runs] if all(r.get("correct") for r in runs) else None
     return arm([r["top1"] for r in runs], name, n_test=runs[0].get("n_val"), hits=hits, seeds=result_seeds(runs), **sd)
 
-def seeded(config: Mapping, result: Mapping) -> dict:
-    """A run's result labelled with its seed (`train.seed`: the model's initialisation and the data order; the subset
-    is drawn by `data.subset_seed`), so that arms of the same seeds are blocked by seed (`Arm.seeds`)."""
-    return dict(result, seed=config["train"]["seed"])
-
 class CachedRuns:
-    """The paper notebook's cached training runs through `pr` (its `PaperRun`), trained by `train_fn` (`train_run`
-    bound to the profile), each result labelled with its seed (`seeded`). A config used earlier in the notebook keeps
-    the name it was first run under."""
+    "Cached runs via `pr` (a `PaperRun`), each result with its `train.seed`; a config keeps its first run's name."
     def __init__(self, pr, train_fn: Callable):
         self.pr, self.train_fn = pr, train_fn
 
     def run(self, config: dict, name: str | None = None) -> dict:
         "One cached run."
-        return seeded(config, self.pr.run(config, self.train_fn, name=None if config_hash(config) in self.pr.used else name))
+        r = self.pr.run(config, self.train_fn, name=None if config_hash(config) in self.pr.used else name)
+        return dict(r, seed=config["train"]["seed"])
 
     def run_all(self, items: list) -> list:
-        """`run` over a grid of (config, name) pairs known up front, in order: `pr.run_many`, so that with `attnrepro
-        reproduce --executor local|slurm` the missing runs train as separate jobs; names as `run` gives them."""
+        "`run` over a grid of (config, name) pairs, in order, as `pr.run_many` (missing runs train as separate jobs)."
         seen, named = set(self.pr.used), []
         for config, name in items:
-            h = config_hash(config)
-            named.append((None if h in seen else name, config))
+            named.append((None if (h := config_hash(config)) in seen else name, config))
             seen.add(h)
-        return [seeded(c, r) for (_, c), r in zip(named, self.pr.run_many(named, self.train_fn))]
+        return [dict(r, seed=c["train"]["seed"]) for (_, c), r in zip(named, self.pr.run_many(named, self.train_fn))]
 
 @dataclass
 class SelectiveLinks:
-    """Table 1's links: Algorithm 1's masks and pair scores of the seed-0 full-link runs at the sweep's smallest
-    fraction (alpha) and largest (beta). `mask(f)` is the link of fraction `f`'s selective run (decision 5)."""
+    "Table 1's alpha / beta links (decision 5): Algorithm 1's masks and scores of the seed-0 full-link end runs."
     alpha: np.ndarray
     beta: np.ndarray
     alpha_scores: np.ndarray
@@ -795,10 +722,9 @@ class SelectiveLinks:
     @classmethod
     def of(cls, full: Mapping[int, list]) -> "SelectiveLinks":
         "From the full-link runs by fraction (`LinkSweep.by_fraction`, fractions ascending)."
-        f0, f_hi = min(full), max(full)
-        masks = (np.array(full[f][0]["selected"], dtype=bool) for f in (f0, f_hi))
-        scores = (np.array(full[f][0]["pair_scores"]) for f in (f0, f_hi))
-        return cls(*masks, *scores, f0, f_hi)
+        ends = min(full), max(full)
+        return cls(*(np.array(full[f][0]["selected"], dtype=bool) for f in ends),
+                   *(np.array(full[f][0]["pair_scores"]) for f in ends), *ends)
 
     def mask(self, f: int) -> np.ndarray: return self.alpha if f != self.f_hi else self.beta
 
@@ -808,16 +734,13 @@ class SelectiveLinks:
         return min(self.alpha_scores.min(), self.beta_scores.min())
 
 def table_1(recipe: Mapping, links: SelectiveLinks, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 1 and its caption: the ViT layers each CNN block is linked to by our alpha / beta links beside the
-    paper's, with Algorithm 1's score ranges (and the paper's links resampled to our depth where blocks match)."""
+    "Table 1 and its caption: the ViT layers each CNN block links to, ours (alpha / beta, with scores) and the paper's."
     SW, ST, TT = _sweep_parts(recipe)
-    describe = lambda k: describe_regime(recipe, k)
-    f0, f_hi, L = links.f0, links.f_hi, links
-    depth, n_blocks = ST["depth"], L.alpha.shape[0]
+    L, describe = links, lambda k: describe_regime(recipe, k)
+    f0, f_hi, depth, n_blocks = L.f0, L.f_hi, ST["depth"], L.alpha.shape[0]
     ours1 = pd.DataFrame(dict(cnn_block=np.arange(1, n_blocks + 1), alpha_link_vit_layers=[link_ranges(r) for r in L.alpha],
                               beta_link_vit_layers=[link_ranges(r) for r in L.beta]))
-    t1 = side_by_side(load_reported("aal", "table1_selective_links"), ours1, on=["cnn_block"],
-                      values=["alpha_link_vit_layers", "beta_link_vit_layers"], profile=profile)
+    t1 = _vs_paper("table1_selective_links", ours1, ["cnn_block"], list(ours1.columns[1:]), profile)
     for k, sc in (("alpha", L.alpha_scores), ("beta", L.beta_scores)):
         t1[f"{k} scores (ours)"] = t1["cnn_block"].map({b + 1: f"{r.min():.2f}-{r.max():.2f}" for b, r in enumerate(sc)})
     if n_blocks == 7:   # the paper's teacher depth: its links can be drawn at ours
@@ -831,24 +754,25 @@ def table_1(recipe: Mapping, links: SelectiveLinks, profile: str) -> tuple[pd.Da
                f"cut at <= {recipe['theta_l']}).")
     return t1, caption
 
+def _rel_gap(a: float, b: float) -> float:
+    "Relative gain (%) of `a` over `b`; nan where `b` is 0 or nan."
+    return 100 * (a - b) / b if b else float("nan")
+
 def sweep_summary(sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]]) -> pd.DataFrame:
     "Mean top-1 (number of seeds) of AAL's selective runs and of every baseline at every fraction of the sweep."
     return pd.DataFrame([dict(fraction=f, **{k: f"{mean_of(d[f]):.2f} ({len(d[f])})" for k, d in [("AAL", sel), *base.items()]})
                          for f in sel])
 
 def pilot_power(recipe: Mapping, pilot_runs: Mapping[str, list]) -> tuple[pd.DataFrame, str]:
-    """The pilot table and its caption: `pilot_table` of the sweep's CE and CE + AAL runs at the pilot's fraction
-    (floor, seed spread, AAL's effect with its interval, seeds needed), against the paper's Table 5 effect."""
+    "The pilot table and caption: `pilot_table` of CE and CE + AAL at the pilot's fraction vs the paper's effect."
     SW, ST, TT = _sweep_parts(recipe)
-    describe = lambda k: describe_regime(recipe, k)
-    PL = recipe["pilot"]
-    fp = PL["fraction"]
+    fp, describe = recipe["pilot"]["fraction"], lambda k: describe_regime(recipe, k)
     rep5 = load_reported("aal", "table5_cifar10_ablation").set_index(["method", "augmentation"])["top1"]
     aug5 = "weak" if recipe["regimes"][SW["fractions"][fp]]["augment"] == "weak" else "strong"
     paper_gain = rep5["CE + AAL", aug5] - rep5["Cross Entropy (CE)", aug5]
     r0 = pilot_runs["CE (scratch)"][0]
     n_cls = len(get_dataset(recipe["regimes"][SW["fractions"][fp]]["data"]["name"], "train").classes)
-    pilot = pilot_table(pilot_runs, "CE (scratch)", chance=100 / n_cls, floor=PL["floor"],
+    pilot = pilot_table(pilot_runs, "CE (scratch)", chance=100 / n_cls, floor=recipe["pilot"]["floor"],
                         claimed={f"CE + AAL ({TT})": paper_gain})
     psd, pdf = pilot.attrs["pooled_sd"]
     caption = (f"The regime's power: {describe(SW['fractions'][fp])} ({r0['n_train']} train images, {r0['n_val']} test "
@@ -869,13 +793,11 @@ def table_2(recipe: Mapping, sel: Mapping[int, list], base: Mapping[str, Mapping
             profile: str) -> tuple[pd.DataFrame, str]:
     "Table 2 and its caption: top-1/top-5 by fraction of every baseline and AAL's selective link (mean over seeds)."
     SW, ST, TT = _sweep_parts(recipe)
-    fr = list(sel)
-    f0, f_hi = fr[0], fr[-1]
+    f0, f_hi = list(sel)[0], list(sel)[-1]
     rows = [dict(fraction=f, method=TABLE2_NAMES[k], top1=mean_of(d[f]), top5=mean_of(d[f], "top5"), seeds=len(d[f]))
-            for f in fr for k, d in [*base.items(), ("AAL", sel)]]
-    t2 = side_by_side(load_reported("aal", "table2_imagenet_subsets"), pd.DataFrame(rows), on=["fraction", "method"],
-                      values=["top1", "top5", "seeds"], profile=profile)
-    t2[f"seeds (ours, {profile})"] = t2[f"seeds (ours, {profile})"].astype("Int64")
+            for f in sel for k, d in [*base.items(), ("AAL", sel)]]
+    t2 = _vs_paper("table2_imagenet_subsets", pd.DataFrame(rows), ["fraction", "method"], ["top1", "top5", "seeds"],
+                   profile)
     sizes = ", ".join(f"{f} %: {rs[0]['n_train']} images x {rs[0]['epochs']} epochs" for f, rs in sel.items())
     caption = (f"Top-1/top-5 (%) by training-set fraction, mean over the seeds counted in `seeds`. Paper: ImageNet, DeiT-S / "
                f"ConViT-S / AAL, 300 epochs at every fraction. Ours: fractions of {recipe['regimes'][SW['fractions'][f0]]['data']['name']} "
@@ -889,33 +811,22 @@ def table_2(recipe: Mapping, sel: Mapping[int, list], base: Mapping[str, Mapping
 
 def table_2_gaps(sel: Mapping[int, list], base: Mapping[str, Mapping[int, list]], profile: str) -> tuple[pd.DataFrame, str]:
     "Table 2's gap rows and caption: AAL's relative gain (%) over DeiT and ConViT at each fraction, from Table 2's means."
-    gap_rows = []
-    for f in sel:
-        for met in ("top1", "top5"):
-            a = mean_of(sel[f], met)
-            d, c = (mean_of(base[k][f], met) if k in base else float("nan") for k in ("DeiT", "ConViT"))
-            gap_rows.append(dict(fraction=f, metric=met, gap_vs_deit_s=100 * (a - d) / d if d else float("nan"),
-                                 gap_vs_convit_s=100 * (a - c) / c if c else float("nan")))
-    t2g = side_by_side(load_reported("aal", "table2_imagenet_subsets_gap"), pd.DataFrame(gap_rows), on=["fraction", "metric"],
-                       values=["gap_vs_deit_s", "gap_vs_convit_s"], profile=profile)
+    gap = lambda rs, k, f, met: _rel_gap(mean_of(rs, met), mean_of(base[k][f], met) if k in base else float("nan"))
+    gap_rows = [dict(fraction=f, metric=met, gap_vs_deit_s=gap(sel[f], "DeiT", f, met),
+                     gap_vs_convit_s=gap(sel[f], "ConViT", f, met)) for f in sel for met in ("top1", "top5")]
+    t2g = _vs_paper("table2_imagenet_subsets_gap", pd.DataFrame(gap_rows), ["fraction", "metric"],
+                    ["gap_vs_deit_s", "gap_vs_convit_s"], profile)
     return t2g, ("Relative gain (%) of AAL over DeiT-S and ConViT-S, 100 * (AAL - baseline) / baseline, from the "
                  "means of Table 2 (ours: the sweep's fractions, see Table 2; NaN where the baseline was not run).")
 
 def table_3(recipe: Mapping, full: Mapping[int, list], sel3: Mapping[int, list], links: SelectiveLinks,
             profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 3 and its caption: full vs selective link at every fraction (mean over seeds) and the relative gap; where
-    Algorithm 1 kept every pair the two rows are one run, and the caption says so."""
-    rows3 = []
-    for f in full:
-        s, u = mean_of(sel3[f]), mean_of(full[f])
-        s5, u5 = mean_of(sel3[f], "top5"), mean_of(full[f], "top5")
-        for link, rs in (("full", full[f]), ("selective", sel3[f])):
-            rows3.append(dict(fraction=f, link=link, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs),
-                              gap_top1=100 * (s - u) / u if u else float("nan"),
-                              gap_top5=100 * (s5 - u5) / u5 if u5 else float("nan")))
-    t3 = side_by_side(load_reported("aal", "table3_full_vs_selective_link"), pd.DataFrame(rows3), on=["fraction", "link"],
-                      values=["top1", "top5", "seeds", "gap_top1", "gap_top5"], profile=profile)
-    t3[f"seeds (ours, {profile})"] = t3[f"seeds (ours, {profile})"].astype("Int64")
+    "Table 3 and its caption: full vs selective link by fraction, their relative gap (one run where nothing is cut)."
+    rows3 = [dict(fraction=f, link=link, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs),
+                  **{f"gap_{m}": _rel_gap(mean_of(sel3[f], m), mean_of(full[f], m)) for m in ("top1", "top5")})
+             for f in full for link, rs in (("full", full[f]), ("selective", sel3[f]))]
+    t3 = _vs_paper("table3_full_vs_selective_link", pd.DataFrame(rows3), ["fraction", "link"],
+                   ["top1", "top5", "seeds", "gap_top1", "gap_top5"], profile)
     same = [f for f in full if links.mask(f).all()]
     T3, f0 = recipe.get("table3", {}).get("fractions", {}), links.f0   # Table 3's own regimes (paper: batch 1024)
     b3 = recipe["regimes"][T3[f0]].get("batch_size", recipe["train"]["batch_size"]) if f0 in T3 else recipe["train"]["batch_size"]
@@ -933,24 +844,18 @@ def curve_arms(base: Mapping[str, Mapping[int, list]], full: Mapping[int, list],
               "AAL beta link": [beta_run]}
     return {k: rs for k, rs in curves.items() if rs and len(rs[0]["curve"]) > 1}
 
-def reach_epoch(r: Mapping, target: float) -> int:
-    "Epochs to reach the target; a run that never does counts at its next evaluation (a lower bound)."
-    c = r["curve"]
-    return epochs_to_reach(c, target) or c[-1]["epoch"] + (c[-1]["epoch"] - c[-2]["epoch"] if len(c) > 1 else 1)
-
 def table_3_epochs(recipe: Mapping, curves: Mapping[str, list], target: float, base: Mapping[str, Mapping[int, list]],
                    profile: str) -> tuple[pd.DataFrame, str, dict]:
-    """The epochs-to-accuracy table (the paper's quote beside Figure 3), its caption, and each arm's epochs to reach
-    `target` per seed (claim 5)."""
+    "The epochs-to-accuracy table (the paper's quote on Figure 3), its caption, each arm's epochs per seed (claim 5)."
     SW, C = recipe["sweep"], recipe["claims"]
     fc, ref_name = SW["curve"]["fraction"], C["convergence_reference"]
-    reach_of = {k: [reach_epoch(r, target) for r in rs] for k, rs in curves.items()}
-    f3 = side_by_side(load_reported("aal", "fig3_learning_curve_quoted"),
-                      pd.DataFrame([dict(method=m, dataset="ImageNet", top1=target, epochs_to_reach=float(np.mean(reach_of[k])),
-                                         per_seed=", ".join(map(str, reach_of[k])))
-                                    for m, k in (("AAL", "AAL full link"), ("DeiT", "DeiT")) if k in reach_of],
-                                   columns=["method", "dataset", "top1", "epochs_to_reach", "per_seed"]),   # also with no curve
-                      on=["method", "dataset"], values=["top1", "epochs_to_reach", "per_seed"], profile=profile)
+    def reach(c):   # a run that never reaches the target counts at its next evaluation (a lower bound)
+        return epochs_to_reach(c, target) or c[-1]["epoch"] + (c[-1]["epoch"] - c[-2]["epoch"] if len(c) > 1 else 1)
+    reach_of = {k: [reach(r["curve"]) for r in rs] for k, rs in curves.items()}
+    cols = ["method", "dataset", "top1", "epochs_to_reach", "per_seed"]   # the frame has them also with no curve
+    rows = [dict(zip(cols, (m, "ImageNet", target, float(np.mean(reach_of[k])), ", ".join(map(str, reach_of[k])))))
+            for m, k in (("AAL", "AAL full link"), ("DeiT", "DeiT")) if k in reach_of]
+    f3 = _vs_paper("fig3_learning_curve_quoted", pd.DataFrame(rows, columns=cols), cols[:2], cols[2:], profile)
     caption = (f"Epochs to reach a top-1 accuracy (the paper's quote: 70 % on ImageNet; AAL at about "
                f"50 epochs, DeiT at 120). Ours: {describe_regime(recipe, SW['fractions'][fc])}, target = {C['convergence_fraction']} x "
                f"{ref_name}'s final top-1 ({mean_of(base[ref_name][fc]):.2f} %, mean of {len(base[ref_name][fc])} seeds); AAL = full "
@@ -971,11 +876,8 @@ def distill_weights(recipe: Mapping, kind: str) -> dict:
     return d
 
 def cifar_items(recipe: Mapping, sweep: LinkSweep, aug: str, arm_: str, method: dict, arch: dict) -> list[tuple[dict, str]]:
-    """One row of Table 5 as (config, name) per seed: in a sweep regime the sweep's runs (a sweep arm's seeds), else
-    the secondary seeds; [] when the method needs a teacher the profile does not give (its distillation weights are
-    still checked: the row runs as soon as a teacher is given, e.g. `distill.soft` at the paper profile)."""
-    CF, SW = recipe["cifar"], recipe["sweep"]
-    R = CF[aug]
+    "One Table 5 row as (config, name) per seed (sweep regimes: the sweep's runs); [] without the teacher it needs."
+    CF, SW, R = recipe["cifar"], recipe["sweep"], recipe["cifar"][aug]
     if "teacher" in method and method["teacher"] is None:   # NO_CIFAR_TEACHER
         if method.get("distill"): distill_weights(recipe, method["distill"])
         return []
@@ -986,26 +888,20 @@ def cifar_items(recipe: Mapping, sweep: LinkSweep, aug: str, arm_: str, method: 
     return [(regime_config(recipe, R, method, arch, s), f"t5_{arm_}_{aug}" + (f"_seed{s}" if s else "")) for s in seeds_]
 
 def run_grouped(run_all: Callable[[list], list], groups: Mapping) -> dict:
-    """{key: [(config, name), ...]} -> {key: [result, ...]}: every group's runs as ONE grid (`run_all`), so that a
-    table's rows and seeds train side by side as jobs under `attnrepro reproduce --executor local|slurm`."""
+    "{key: [(config, name), ...]} -> {key: [result, ...]}: every group's runs as ONE grid (`run_all`)."
     flat = [item for items in groups.values() for item in items]
-    results, out = iter(run_all(flat) if flat else []), {}
-    for key, items in groups.items(): out[key] = [next(results) for _ in items]
-    return out
+    results = iter(run_all(flat) if flat else [])
+    return {key: [next(results) for _ in items] for key, items in groups.items()}
 
 def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple[pd.DataFrame, str, set]:
-    """Table 5, its caption and the rows not run (no CIFAR-10 teacher given): `cifar` maps (method, augmentation) to
-    that row's runs."""
-    CF, ST = recipe["cifar"], recipe["cifar_student"]
-    describe = lambda k: describe_regime(recipe, k)
+    "Table 5, its caption and the rows not run (no CIFAR-10 teacher); `cifar`: (method, augmentation) -> runs."
+    CF, ST, describe = recipe["cifar"], recipe["cifar_student"], lambda k: describe_regime(recipe, k)
     t5o = pd.DataFrame([dict(method=n, augmentation=a, top1=mean_of(rs), top5=mean_of(rs, "top5"), seeds=len(rs))
                         for (n, a), rs in cifar.items()])
-    t5 = side_by_side(load_reported("aal", "table5_cifar10_ablation"), t5o, on=["method", "augmentation"],
-                      values=["top1", "top5", "seeds"], profile=profile)
-    t5[f"seeds (ours, {profile})"] = t5[f"seeds (ours, {profile})"].astype("Int64")
+    t5 = _vs_paper("table5_cifar10_ablation", t5o, ["method", "augmentation"], ["top1", "top5", "seeds"], profile)
     not_run = {n for (n, a), rs in cifar.items() if not rs}
     if not_run: t5["note"] = [NO_CIFAR_TEACHER if m in not_run else "" for m in t5["method"]]
-    caption = (f"CIFAR-10 top-1/top-5 (%), mean over `seeds`. Teacher trained on CIFAR-10: paper unnamed, ours "
+    caption = ("CIFAR-10 top-1/top-5 (%), mean over `seeds`. Teacher trained on CIFAR-10: paper unnamed, ours "
                + (f"{CF['teacher']} (offline weights)." if CF["teacher"] else "none given (the rows that need it say so).")
                + f" Ours: weak = {describe(CF['weak'])}, strong = {describe(CF['strong'])}; ViT embed "
                f"{ST['embed_dim']} depth {ST['depth']} patch {ST['patch_size']} at {ST['img_size']} px (paper: DeiT-S, 300 epochs)."
@@ -1017,11 +913,9 @@ def table_5(recipe: Mapping, cifar: Mapping[tuple, list], profile: str) -> tuple
 def table_A(recipe: Mapping, tA_runs: Mapping[str, list], profile: str) -> tuple[pd.DataFrame, str]:
     "Table A and its caption: CIFAR-10 top-1 with the ImageNet teacher, `tA_runs` mapping the paper's model to its runs."
     CF = recipe["cifar"]
-    LS_C = CF.get("imagenet_teacher_size")
     tAo = pd.DataFrame([dict(model=k, dataset="CIFAR-10", top1=mean_of(rs), seeds=len(rs)) for k, rs in tA_runs.items()])
-    tA = side_by_side(load_reported("aal", "tableA_cifar10"), tAo, on=["model", "dataset"], values=["top1", "seeds"], profile=profile)
-    tA[f"seeds (ours, {profile})"] = tA[f"seeds (ours, {profile})"].astype("Int64")
-    fed = f"fed {LS_C} px" if LS_C else "at the student's size"
+    tA = _vs_paper("tableA_cifar10", tAo, ["model", "dataset"], ["top1", "seeds"], profile)
+    fed = f"fed {LS_C} px" if (LS_C := CF.get("imagenet_teacher_size")) else "at the student's size"
     caption = (f"CIFAR-10 top-1 (%) with an ImageNet teacher (ours: {CF['imagenet_teacher']} {fed}, proxy for "
                f"EfficientNet-B3), {describe_regime(recipe, CF['strong'])}, mean over `seeds`. DeiT-B row: ours is the same-size ViT "
                "trained from scratch with CE (the text compares to DeiT-B from scratch), shared with Table 5; ConViT-S: our "
@@ -1037,16 +931,13 @@ def teacher_top1_config(recipe: Mapping, name: str, where: str, teacher_size=Non
                 **({"teacher_size": teacher_size} if teacher_size else {}))
 
 def table_4(recipe: Mapping, rows: Sequence[tuple], profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 4 and its caption from (profile row of `table4.rows`, student arch, student run, teacher_top1 run) per
-    teacher/student pair."""
-    t4_rows = []
-    for row, arch, r, tq in rows:
-        ts = row.get("teacher_size")
-        t4_rows.append(dict(teacher=row["paper_teacher"], student=row["paper_student"], teacher_top1=tq["top1"],
-                            student_top1=r["top1"], pair=f"{row['teacher']}{f' ({ts} px)' if ts else ''} -> ViT embed "
-                            f"{arch['embed_dim']} depth {arch['depth']}"))
-    t4 = side_by_side(load_reported("aal", "table4_teacher_student"), pd.DataFrame(t4_rows), on=["teacher", "student"],
-                      values=["teacher_top1", "student_top1", "pair"], profile=profile)
+    "Table 4 and its caption from (`table4.rows` row, student arch, student run, teacher_top1 run) per pair."
+    pair = lambda row, arch: (f"{row['teacher']}" + (f" ({row['teacher_size']} px)" if row.get("teacher_size") else "")
+                              + f" -> ViT embed {arch['embed_dim']} depth {arch['depth']}")
+    t4_rows = [dict(teacher=row["paper_teacher"], student=row["paper_student"], teacher_top1=tq["top1"],
+                    student_top1=r["top1"], pair=pair(row, arch)) for row, arch, r, tq in rows]
+    t4 = _vs_paper("table4_teacher_student", pd.DataFrame(t4_rows), ["teacher", "student"],
+                   ["teacher_top1", "student_top1", "pair"], profile)
     caption = (f"Teacher/student variants, top-1 (%). Paper: ImageNet. Ours: {describe_regime(recipe, recipe['table4']['regime'])}, "
                "full links, one seed; teacher top-1 on the teacher's own test set (CIFAR-10 test for the CIFAR-10 ResNet; "
                "Tiny-ImageNet val restricted to its 200 classes for the ImageNet CNN, whose classes differ from the "
@@ -1054,18 +945,16 @@ def table_4(recipe: Mapping, rows: Sequence[tuple], profile: str) -> tuple[pd.Da
     return t4, caption
 
 def pit_aal_spec(recipe: Mapping, teacher_name: str) -> dict:
-    "The method spec of PiT + AAL (decision 9) with the profile's lambda and its decay."
-    a = recipe["aal"]
-    return dict(kind="pit_aal", teacher=teacher_name, lam=a["lam"], lambda_decay=a["lambda_decay"], ref_epochs=a["ref_epochs"],
-                gamma=a["gamma"], gamma_last_third=a["gamma_last_third"], last_third=LAST_THIRD_RULE)
+    "The method spec of PiT + AAL (decision 9): `aal_spec`'s lambda (as the profile writes it) and decay, no links."
+    m = {k: v for k, v in aal_spec(recipe, teacher_name).items() if k != "links"}
+    return dict(m, kind="pit_aal", lam=recipe["aal"]["lam"])
 
 def table_6(recipe: Mapping, pit_ce: Mapping, pit_aal: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 6 and its caption: PiT with and without AAL (one run each)."
     PIT, TT = recipe["pit"], recipe["sweep"]["teacher"]
-    t6o = pd.DataFrame([dict(method="Pit-S", dataset="ImageNet", fraction=5, top1=pit_ce["top1"], top5=pit_ce["top5"]),
-                        dict(method="Pit-S + AAL", dataset="ImageNet", fraction=5, top1=pit_aal["top1"], top5=pit_aal["top5"])])
-    t6 = side_by_side(load_reported("aal", "table6_pit"), t6o, on=["method", "dataset", "fraction"], values=["top1", "top5"],
-                      profile=profile)
+    t6o = pd.DataFrame([dict(method=m, dataset="ImageNet", fraction=5, top1=r["top1"], top5=r["top5"])
+                        for m, r in (("Pit-S", pit_ce), ("Pit-S + AAL", pit_aal))])
+    t6 = _vs_paper("table6_pit", t6o, ["method", "dataset", "fraction"], ["top1", "top5"], profile)
     caption = (f"PiT with and without AAL, top-1/top-5 (%). Paper: PiT-S, ImageNet 5 %. Ours: PiT (embed {PIT['embed_dim']}, "
                f"depth {PIT['depth']}, 3 stages) on {describe_regime(recipe, recipe['pit_regime'])}, one seed, {TT} teacher, all "
                "stages' CLS maps resized to the first-stage grid and fully linked (decision 9).")
@@ -1078,8 +967,7 @@ NO_WSOL_LABEL_TEACHER = ("not run: the paper does not name DeiT's label teacher 
                          "not its classes); set wsol.label_teacher in papers/aal/profiles.yaml to a get_teacher spec to run it")
 
 def table_B(recipe: Mapping, run: Callable, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table B and its caption. Below the paper profile (no `finegrained:`) the paper's values with a note; at paper,
-    one run (`run(config, name)`) per row of the paper's table: AAL or DeiT, from scratch or ImageNet weights."""
+    "Table B and caption: below the paper profile the paper's values with a note; at paper one `run(config, name)`/row."
     FG = recipe.get("finegrained")
     rep_b = load_reported("aal", "tableB_finegrained")
     if not FG:   # CUB-200-2011 and Flowers-102 are not offline
@@ -1113,9 +1001,7 @@ def table_B(recipe: Mapping, run: Callable, profile: str) -> tuple[pd.DataFrame,
     return tB, caption
 
 def wsol_gt_rule(wsol: Mapping[str, Mapping]) -> str:
-    """The ground-truth box rule (`evaluate.max_box_acc`'s `gt_ends`) under which the probed runs in `wsol` computed
-    their MaxBoxAcc at training time: a run records it (`wsol_gt_ends`); runs from before issue #45 record none and
-    used 'exclusive'. Runs under different rules do not compare: retrain the older ones (`force`)."""
+    "The box rule (`gt_ends`) the runs in `wsol` computed MaxBoxAcc under (unrecorded: 'exclusive'); mixed rules raise."
     rules = {r.get("wsol_gt_ends", "exclusive") for r in wsol.values()}
     if len(rules) > 1:
         raise ValueError(f"the WSOL runs computed MaxBoxAcc under different ground-truth box rules {sorted(rules)}; retrain "
@@ -1123,11 +1009,8 @@ def wsol_gt_rule(wsol: Mapping[str, Mapping]) -> str:
     return rules.pop() if rules else MAXBOXACC_GT_ENDS
 
 def wsol_val_boxes(recipe: Mapping, gt_ends: str = MAXBOXACC_GT_ENDS) -> tuple:
-    """Table C's val set with boxes (class-balanced to `probes.wsol_per_class` where set) and the MaxBoxAcc of the
-    whole image as the predicted box (the floor: a localiser that localises nothing), under the ground-truth box rule
-    `gt_ends` (that of the runs it is compared with, `wsol_gt_rule`)."""
-    WS = recipe["wsol"]
-    S, wdata = recipe[WS["student"]], recipe["regimes"][WS["regime"]]["data"]
+    "Table C's val set with boxes and the whole image's MaxBoxAcc (the floor) under the box rule `gt_ends`."
+    S, wdata = recipe[recipe["wsol"]["student"]], recipe["regimes"][recipe["wsol"]["regime"]]["data"]
     _, va_box, _ = run_datasets(dict(wdata, fraction=None), S["img_size"], "none")
     if recipe["probes"].get("wsol_per_class"):
         va_box = class_balanced_subset(va_box, per_class=recipe["probes"]["wsol_per_class"], seed=0)
@@ -1135,8 +1018,7 @@ def wsol_val_boxes(recipe: Mapping, gt_ends: str = MAXBOXACC_GT_ENDS) -> tuple:
     return va_box, whole
 
 def wsol_rule_note(recipe: Mapping, va_box, gt_rule: str) -> str:
-    """A caption's / claim's note on the MaxBoxAcc rule of runs recorded before issue #45 ('exclusive'): which numbers
-    use it, why they are not recomputed, and the whole-image floor under wsolevaluation's rule; empty otherwise."""
+    "A note on MaxBoxAcc of runs before issue #45 ('exclusive'): why not recomputed; the floor under wsolevaluation's."
     if gt_rule != "exclusive": return ""
     S = recipe[recipe["wsol"]["student"]]
     ref = whole_image_box_acc(boxes_in_view(va_box, S["img_size"]), S["img_size"], S["img_size"], gt_ends="inclusive")
@@ -1149,9 +1031,8 @@ def wsol_rule_note(recipe: Mapping, va_box, gt_rule: str) -> str:
 
 def table_C(recipe: Mapping, wsol: Mapping[str, Mapping], va_box, whole: Mapping, profile: str,
             gt_rule: str = MAXBOXACC_GT_ENDS) -> tuple[pd.DataFrame, str]:
-    """Table C and its caption: MaxBoxAcc of each probed student in `wsol` (name -> run) and of the whole-image box,
-    all under the ground-truth box rule `gt_rule` (`wsol_gt_rule`; the caption says when it is the old one)."""
-    WS = recipe["wsol"]
+    "Table C and its caption: MaxBoxAcc of each probed student in `wsol` and of the whole image, under rule `gt_rule`."
+    WS, probes = recipe["wsol"], recipe["probes"]
     S, wdata = recipe[WS["student"]], recipe["regimes"][WS["regime"]]["data"]
     LITE, LS = WS["teacher"], WS.get("teacher_size")
     rep_c = load_reported("aal", "tableC_wsol")
@@ -1161,7 +1042,6 @@ def table_C(recipe: Mapping, wsol: Mapping[str, Mapping], va_box, whole: Mapping
                       on=["iou_threshold", "method"], values=["maxboxacc"], profile=profile)
     if "deit" in WS["arms"] and "DeiT" not in wsol: tC["note"] = [NO_WSOL_LABEL_TEACHER if m == "DeiT" else "" for m in tC["method"]]
     tops = ", ".join(f"{k} {r['top1']:.2f} %" for k, r in wsol.items())
-    probes = recipe["probes"]
     caption = (f"WSOL MaxBoxAcc (%). Paper: CUB-200 (DeiT-S hard distillation vs AAL). Ours: {wdata['name']} val boxes "
                f"(proxy for CUB-200; {len(va_box)} images, {probes.get('wsol_per_class') or 'all'} per class), students trained "
                f"on {describe_regime(recipe, WS['regime'])} with {LITE} fed {LS or S['img_size']} px, one seed each; score map = "
@@ -1174,21 +1054,18 @@ def table_C(recipe: Mapping, wsol: Mapping[str, Mapping], va_box, whole: Mapping
     return tC, caption
 
 def table_D(recipe: Mapping, counts: Mapping, rt: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table D and its caption: `counts` (`arch_counts_run`: params and GMACs of the paper's architectures) plus the
-    link module, and `rt` (`step_time_run`: seconds per training step of our sweep's models)."""
+    "Table D and its caption: `counts` (`arch_counts_run`) plus the link module, and `rt` (`step_time_run`)."
     SW, ST, TT = _sweep_parts(recipe)
     TD = recipe["table_d"]["paper_models"]
     aal_extra = aal_param_count(72, 952)   # DeiT-S (12 layers x 6 heads) x EfficientNet-B3 (952 channels)
-    c = counts
+    size = lambda k, pre="": {f"{pre}params_m": counts[k]["params_m"], f"{pre}flops_g": counts[k]["flops_g"]}
     tDo = pd.DataFrame([
-        dict(model="DeiT-S", params_m=c["deit_s"]["params_m"], flops_g=c["deit_s"]["flops_g"], runtime_s=rt["deit"],
-             teacher="RegNetY_160", teacher_params_m=c["regnety_160"]["params_m"], teacher_flops_g=c["regnety_160"]["flops_g"]),
-        dict(model="ConViT-S", params_m=c["convit_s"]["params_m"], flops_g=c["convit_s"]["flops_g"], runtime_s=rt["convit"]),
-        dict(model="AAL", params_m=c["deit_s"]["params_m"] + aal_extra / 1e6, flops_g=c["deit_s"]["flops_g"],
-             runtime_s=rt["aal"], teacher="EfficientNet_B3", teacher_params_m=c["efficientnet_b3"]["params_m"],
-             teacher_flops_g=c["efficientnet_b3"]["flops_g"])])
-    tD = side_by_side(load_reported("aal", "tableD_flops_params"), tDo, on=["model"],
-                      values=["params_m", "flops_g", "runtime_s", "teacher_params_m", "teacher_flops_g"], profile=profile)
+        dict(model="DeiT-S", **size("deit_s"), runtime_s=rt["deit"], teacher="RegNetY_160",
+             **size("regnety_160", "teacher_")),
+        dict(model="ConViT-S", **size("convit_s"), runtime_s=rt["convit"]),
+        dict(model="AAL", params_m=counts["deit_s"]["params_m"] + aal_extra / 1e6, flops_g=counts["deit_s"]["flops_g"],
+             runtime_s=rt["aal"], teacher="EfficientNet_B3", **size("efficientnet_b3", "teacher_"))])
+    tD = _vs_paper("tableD_flops_params", tDo, ["model"], [k for k in tDo if k not in ("model", "teacher")], profile)
     caption = (f"Params (M) and GMACs at 224 px of the paper's architectures (timm {TD}), computed here; "
                f"AAL = DeiT-S + the {aal_extra:,}-parameter link module. runtime_s (ours) = median seconds per training step at "
                f"batch {recipe['table_d']['runtime']['batch']} of OUR sweep's models (ViT embed {ST['embed_dim']} depth "
@@ -1199,16 +1076,12 @@ def table_D(recipe: Mapping, counts: Mapping, rt: Mapping, profile: str) -> tupl
 
 def table_E(recipe: Mapping, e_runs: Sequence[Mapping], seeds: Sequence[int], profile: str,
             links=None) -> tuple[pd.DataFrame, str]:
-    """Table E and its caption: AAL (the paper: alpha link) with three seeds, `e_runs` of `seeds`; at paper its own
-    regime (`table_e`), else the sweep's smallest-fraction AAL runs. `links`: the link spec the runs trained with
-    (`links_of`; the caption names the full link when Algorithm 1 kept every pair)."""
+    "Table E and caption: AAL with three seeds (`e_runs` of `seeds`) in the `table_e` regime or the sweep's first."
     TE, SW = recipe.get("table_e"), recipe["sweep"]
-    f0 = min(int(f) for f in SW["fractions"])
-    describe = lambda k: describe_regime(recipe, k)
+    f0, describe = min(int(f) for f in SW["fractions"]), lambda k: describe_regime(recipe, k)
     tEo = pd.DataFrame([dict(trial=tr, dataset="ImageNet", fraction=5, top1=r["top1"], top5=r["top5"])
                         for tr, r in zip(("I", "II", "III"), e_runs)])
-    tE = side_by_side(load_reported("aal", "tableE_seeds"), tEo, on=["trial", "dataset", "fraction"], values=["top1", "top5"],
-                      profile=profile)
+    tE = _vs_paper("tableE_seeds", tEo, ["trial", "dataset", "fraction"], ["top1", "top5"], profile)
     m, h = mean_ci(tEo.top1)
     caption = (f"AAL, {link_words(links)}, with seeds {list(seeds)} (model init and data order; same subset), top-1/top-5 (%). "
                "Paper: ImageNet 5 %, 240 epochs, alpha link. Ours: "
@@ -1222,53 +1095,42 @@ def _same_run(a: Mapping, b: Mapping) -> bool:
     return a is b or (a.get("top1") == b.get("top1") and a.get("correct") == b.get("correct"))
 
 def ablation_arms(lam_runs: Mapping, fixed: Mapping, final: Mapping, seed_runs: Sequence[Mapping] = ()) -> tuple:
-    """The lambda / decay ablation's top-1 arms with their per-image hits: (lambda -> Arm, the final model, the fixed
-    decay). `seed_runs`: the multi-seed AAL row of the ablation's regime with the ablation's final settings, its seed 0
-    being the final-model run (e.g. Table 5's strong CE + AAL seeds). Where it is, the final model (and the lambda
-    that equals it) is that row, with its own spread, so that `arms_differ` can compare a one-seed arm with it across
-    seeds; every one-seed arm borrows the row's pooled top-1 sd."""
+    """The ablation's top-1 arms with hits: (lambda -> Arm, final, fixed). With `seed_runs` (a multi-seed row of the
+    final settings, seed 0 the final run) the final arm is that row, across seeds; one-seed arms borrow its sd."""
     seeds = list(seed_runs) if len(seed_runs) > 1 and _same_run(seed_runs[0], final) else []
     sd = dict(zip(("sd_seed", "sd_df"), pooled_sd([arm([r["top1"] for r in seeds])]))) if seeds else {}
     fin = hit_arm(seeds, f"two-rate decay ({len(seeds)} seeds)") if seeds else hit_arm([final], "two-rate decay", **sd)
     lam = {float(l): fin if _same_run(r, final) else hit_arm([r], f"lambda {float(l):g}", **sd) for l, r in lam_runs.items()}
     return lam, fin, hit_arm([fixed], "fixed 0.99 decay", **sd)
 
-def ablation_agreements(lam_runs: Mapping, fixed: Mapping, final: Mapping, seed_runs: Sequence[Mapping] = ()) -> dict:
-    """Each ablation arm's per-image `verdicts.Agreement` with the final model (name -> Agreement): seed for seed, and
-    across seeds against the final model's other seeds beside two seeds of one arm where `seed_runs` gives them."""
-    lam, fin, fix = ablation_arms(lam_runs, fixed, final, seed_runs)
-    arms_ = {"fixed decay": fix, **{f"lambda {l:g}": a for l, a in lam.items() if a is not fin}}
-    return {k: arm_agreement(a, fin) for k, a in arms_.items() if a.hits is not None and fin.hits is not None}
-
-def _weights(r: Mapping) -> list[float]:
-    "The AAL weight (lambda) of each epoch of a run, as its record keeps it."
-    w = r.get("weights", {})
-    w = ast.literal_eval(w) if isinstance(w, str) else w
-    return [float(v) for v in w.get("weight_aal", [])]
+def _decay_split(fixed: Mapping, final: Mapping) -> tuple:
+    "Where the decay rows' per-epoch lambda (as recorded) parts: (first differing epoch or None, epochs, pairs after)."
+    wf, wd = ([float(v) for v in (ast.literal_eval(w) if isinstance(w, str) else w).get("weight_aal", [])]
+              for w in (fixed.get("weights", {}), final.get("weights", {})))
+    start = next((i for i, (a, b) in enumerate(zip(wf, wd)) if not math.isclose(a, b)), None)
+    return start, len(wd), ("" if start is None else
+                            ", ".join(f"{a:.0f} vs {b:.0f}" for a, b in zip(wf[start:], wd[start:])))
 
 def table_lambda_decay(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final: Mapping, profile: str, links=None,
                        seed_runs: Sequence[Mapping] = ()) -> tuple[pd.DataFrame, str]:
-    """The lambda / decay ablation table and its caption: `lam_runs` (lambda -> run) in the ablation's lambda regime,
-    `fixed` (one decay rate) and `final` (the paper's two rates) in its decay regime. Our rows meet the paper's on its
-    setting (ImageNet fraction, lambda, decay); the regime each ran in is a column of its own. `links`: the link spec
-    the runs trained with (`links_of`); `seed_runs`: the regime's multi-seed AAL row, whose seed-to-seed per-image
-    agreement the caption sets beside each ablation arm's agreement with the final model (inert arms, claims 7, 8)."""
+    "The lambda / decay ablation table and caption (`lam_runs`: lambda -> run; `seed_runs`: as in `ablation_arms`)."
     AB, lam0 = recipe["ablation"], recipe["aal"]["lam"]
     rl, rd = AB["lambda_regime"], AB["decay_regime"]
     rep_h = load_reported("aal", "text_hyperparameter_ablation")
     rep_h["decay"] = rep_h["decay"].fillna("")
     pf = rep_h.groupby(rep_h["decay"] != "")["fraction"].first()   # False: the lambda rows, True: the decay rows
-    abl = [dict(dataset="ImageNet", fraction=pf[False], **{"lambda": lam}, decay="", top1=r["top1"], top5=r["top5"])
-           for lam, r in lam_runs.items()]
-    abl += [dict(dataset="ImageNet", fraction=pf[True], **{"lambda": lam0}, decay="fixed 0.99", top1=fixed["top1"], top5=fixed["top5"]),
-            dict(dataset="ImageNet", fraction=pf[True], **{"lambda": lam0}, decay="final model", top1=final["top1"], top5=final["top5"])]
+    abl = [dict(dataset="ImageNet", fraction=f, **{"lambda": l}, decay=d, top1=r["top1"], top5=r["top5"])
+           for f, l, d, r in [*((pf[False], lam, "", r) for lam, r in lam_runs.items()),
+                              (pf[True], lam0, "fixed 0.99", fixed), (pf[True], lam0, "final model", final)]]
     tH = side_by_side(rep_h, pd.DataFrame(abl), on=["dataset", "fraction", "lambda", "decay"], values=["top1", "top5"], profile=profile)
     tH = tH.rename(columns={"fraction": "fraction (paper)"})
     tH.insert(2, f"regime (ours, {profile})", [rd if d else rl for d in tH["decay"]])
     ed = recipe["regimes"][rd]["epochs"]
     ed_note = (f"{ed} epochs, the last {math.ceil(ed / 3)} entered at the last-third rate" if ed > 1 else
                "1 epoch, so lambda never leaves its initial value")
-    ags = ablation_agreements(lam_runs, fixed, final, seed_runs)
+    lam, fin, fix = ablation_arms(lam_runs, fixed, final, seed_runs)   # each arm's per-image agreement with the final
+    arms_ = {"fixed decay": fix, **{f"lambda {l:g}": a for l, a in lam.items() if a is not fin}}
+    ags = {k: arm_agreement(a, fin) for k, a in arms_.items() if a.hits is not None and fin.hits is not None}
     agree = ""
     if ags:
         within = next(iter(ags.values())).within
@@ -1277,11 +1139,9 @@ def table_lambda_decay(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final
                              for k, a in ags.items())
                  + (f"; two seeds of the final model agree on {within:.1f} %: an arm that agrees with it across seeds about "
                     "as often (or seed for seed on 99 %) is inert (claims 7 and 8)" if np.isfinite(within) else "") + ".")
-    wf, wd = _weights(fixed), _weights(final)
-    differ = [i for i, (a, b) in enumerate(zip(wf, wd)) if not math.isclose(a, b)]
-    lam_note = (f" The decay rows differ in lambda only from epoch {differ[0] + 1} of {len(wd)} ("
-                + ", ".join(f"{a:.0f} vs {b:.0f}" for a, b in zip(wf[differ[0]:], wd[differ[0]:])) + ": fixed vs final)."
-                if differ and wf and wd else "")
+    start, n_ep, pairs = _decay_split(fixed, final)
+    lam_note = (f" The decay rows differ in lambda only from epoch {start + 1} of {n_ep} ({pairs}: fixed vs final)."
+                if start is not None else "")
     caption = (f"lambda (paper: ImageNet {pf[False]:g} %) and decay (paper: ImageNet {pf[True]:g} %, fixed 0.99 "
                f"vs 0.99 then 0.98) ablations, top-1/top-5 (%), one seed; the paper's runs use its selective link, ours "
                f"{link_words(links)}. Ours: lambda on "
@@ -1293,29 +1153,23 @@ def table_lambda_decay(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final
     return tH, caption
 
 # %% ../../nbs/12b_aal_paper.ipynb #04911842
-from ..verdicts import INERT_FIX, arm_agreement, arms_differ, at_least
+from ..verdicts import INERT_FIX, arms_differ, at_least
 
 class SweepArms:
-    """The sweep's top-1 arms for the claims, from `runs_by` (method -> fraction -> runs; AAL's selective runs and the
-    baselines). A row with one seed borrows the pooled seed-to-seed sd of the multi-seed rows (`pooled_sd`); `hits`
-    keeps the per-image test hits of the rows whose runs all kept them, for paired differences."""
+    "The sweep's top-1 arms (method -> fraction -> runs), one-seed rows borrowing the pooled sd; `hits` for pairing."
     def __init__(self, runs_by: Mapping[str, Mapping[int, list]]):
         self.runs_by = runs_by
-        multi = [self.unpooled(rs, f"{k} {f} %") for k, d in runs_by.items() for f, rs in d.items() if len(rs) > 1]
+        multi = [self.arm(rs, f"{k} {f} %") for k, d in runs_by.items() for f, rs in d.items() if len(rs) > 1]
         self.n_multi = len(multi)
         self.sd = dict(zip(("sd_seed", "sd_df"), pooled_sd(multi))) if multi else {}
         self.hits = {f"{k} {f} %": [r["correct"] for r in rs] for k, d in runs_by.items() for f, rs in d.items()
                      if all(r.get("correct") for r in rs)}   # the pilot's CE runs predate per-image hits
         self.by_method = {k: {f: self.arm(rs, f"{k} {f} %") for f, rs in d.items()} for k, d in runs_by.items()}
 
-    @staticmethod
-    def unpooled(rs: Sequence[Mapping], name: str, **sd):
-        "The top-1 arm of one row's runs, with the test-set size of its first run and their seeds."
-        return arm([r["top1"] for r in rs], name, n_test=rs[0]["n_val"], seeds=result_seeds(rs), **sd)
-
     def arm(self, rs: Sequence[Mapping], name: str):
-        "The top-1 arm of one row's runs, borrowing the pooled sd when it has one seed."
-        return self.unpooled(rs, name, **(self.sd if len(rs) == 1 else {}))
+        "The top-1 arm of one row's runs (their seeds, its first run's test-set size), with the pooled sd if one seed."
+        return arm([r["top1"] for r in rs], name, n_test=rs[0]["n_val"], seeds=result_seeds(rs),
+                   **(self.sd if len(rs) == 1 else {}))
 
     def borrowed(self, names: Sequence[str]) -> str:
         "Evidence text: which one-seed rows borrow the pooled sd, and what that sd is."
@@ -1327,31 +1181,21 @@ class SweepArms:
     def one_seed_rows(self) -> list[str]:
         return [f"{k} {f} %" for k, d in self.runs_by.items() for f, rs in d.items() if len(rs) == 1]
 
-    def with_hits(self, method: str, f: int):
-        "Row (`method`, fraction `f`) as an arm carrying its per-image hits where every run kept them (`hit_arm`)."
-        return hit_arm(self.runs_by[method][f], f"{method} {f} %")
-
 def inert_checks(pairs: Sequence[tuple[Arm, Arm]], fix: str = INERT_FIX) -> tuple[list[Verdict], str]:
-    """Preconditions that each compared pair of arms differs (`arms_differ`: an inert pair, one whose arms agree per
-    test image about as often as one arm with itself across seeds, makes the claim untestable (inert), naming `fix`),
-    and evidence text: each pair's per-image agreement beside the seed-to-seed agreement, where both arms kept hits
-    (a pair without them is checked for identical scores only, as `arms_differ` says)."""
+    "Preconditions that each pair of arms is not inert (`arms_differ`, naming `fix`), and their per-image agreements."
     pre = [arms_differ(a, b, fix=fix) for a, b in pairs]
     ags = [str(arm_agreement(a, b)) for a, b in pairs if a.hits is not None and b.hits is not None]
-    return pre, ("per-image agreement of the compared arms: " + "; ".join(ags) if ags else "")
+    return pre, ("; per-image agreement of the compared arms: " + "; ".join(ags) if ags else "")
 
 CLAIM1_WORDS = {"DeiT": "DeiT distillation", "ConViT": "ConViT", "CE": "plain CE"}
 T5_CE = "Cross Entropy (CE)"
 
 def _baseline_words(base: Mapping) -> str:
-    ks = list(base)
-    return (" and ".join([", ".join(CLAIM1_WORDS[k] for k in ks[:-1]), CLAIM1_WORDS[ks[-1]]]) if len(ks) > 1
-            else " and ".join(CLAIM1_WORDS[k] for k in ks))
+    w = [CLAIM1_WORDS[k] for k in base]
+    return " and ".join([", ".join(w[:-1]), w[-1]] if len(w) > 1 else w)
 
 def regime_floor(recipe: Mapping | None, regime: str, runs: Sequence[Mapping], who: str = "plain CE") -> list[Verdict]:
-    """The regime's own floor as a precondition (`floor` of `regimes.<regime>` in the profile: the top-1 the regime's
-    plain CE student must reach for the regime to decide anything, e.g. 40 % on 10 classes): `[at_least(...)]` on the
-    mean top-1 of `runs`, or `[]` where the profile sets no floor (or the runs are missing)."""
+    "The regime's `floor` (top-1 its plain CE must reach to decide anything) on the mean of `runs`: [at_least] or []."
     fl = recipe["regimes"][regime].get("floor") if recipe else None
     if fl is None or not runs: return []
     steps = sorted({r["steps"] for r in runs if r.get("steps")})
@@ -1365,31 +1209,25 @@ def _sweep_floors(recipe: Mapping | None, base: Mapping[str, Mapping[int, list]]
 
 def check_low_data(arms: SweepArms, base: Mapping[str, Mapping[int, list]],
                    recipe: Mapping | None = None) -> tuple[str, Verdict, str]:
-    """Claim 1a's text, verdict and evidence: AAL's selective link beats every baseline at the fractions up to 30 %
-    (the largest excluded); with `recipe`, the floors of those fractions' regimes are its preconditions, and always
-    that AAL is not inert against each baseline (`inert_checks`, on the rows' per-image hits)."""
+    "Claim 1a: AAL's selective link beats every baseline up to 30 % (not the largest), if not inert and above floors."
     A1, fr = arms.by_method, list(arms.runs_by["AAL"])
     low = [f for f in fr if f <= 30 and f != fr[-1]]
     gaps = lambda k: ", ".join(f"{f}%: {A1['AAL'][f].mean - A1[k][f].mean:+.2f}" for f in low)
+    row = lambda k, f: hit_arm(arms.runs_by[k][f], f"{k} {f} %")   # with its per-image hits, where kept
+    inert, agree = inert_checks([(row("AAL", f), row(k, f)) for k in base for f in low])
     evidence = ("; ".join(f"top-1 AAL - {k} by fraction {gaps(k)}" for k in base) + "; "
                 f"paired on the test images where both arms kept per-image hits ({len(arms.hits)} rows); "
                 f"{arms.borrowed(arms.one_seed_rows())}"
                 + ("" if "ConViT" in base else "; the paper's ConViT baseline is not in this profile's sweep, so that part "
-                   "of the paper's claim is not tested"))
-    inert, agree = inert_checks([(arms.with_hits("AAL", f), arms.with_hits(k, f)) for k in base for f in low])
-    evidence += f"; {agree}" if agree else ""
+                   "of the paper's claim is not tested") + agree)
     verdict = provided(_sweep_floors(recipe, base, low) + inert,
                        claim_beats_baselines_at_low_data(A1["AAL"], {k: A1[k] for k in base}, low, arms.hits))
     return CLAIM_TEXTS["1a_low_data"].format(baselines=_baseline_words(base), low=", ".join(map(str, low))), verdict, evidence
 
 def check_gap(arms: SweepArms, base: Mapping[str, Mapping[int, list]],
               recipe: Mapping | None = None) -> tuple[str, Verdict, str]:
-    """Claim 1b's text, verdict and evidence: AAL's gain over every baseline shrinks from the smallest fraction to the
-    largest; untestable unless both train the same epochs (`same_schedule`, from the runs' `epochs`), and (with
-    `recipe`) unless both regimes meet their floors."""
-    A1, runs = arms.by_method, arms.runs_by["AAL"]
-    fr = list(runs)
-    lo, hi = fr[0], fr[-1]
+    "Claim 1b: AAL's gain over every baseline shrinks with the data, provided `same_schedule` and (`recipe`) floors."
+    A1, fr = arms.by_method, list(runs := arms.runs_by["AAL"])
     epochs = {f: runs[f][0]["epochs"] for f in fr}
     steps = {f: runs[f][0].get("steps") for f in fr}
     gaps = lambda k: ", ".join(f"{f}%: {A1['AAL'][f].mean - A1[k][f].mean:+.2f}" for f in fr)
@@ -1398,21 +1236,20 @@ def check_gap(arms: SweepArms, base: Mapping[str, Mapping[int, list]],
                 + "; epochs by fraction " + ", ".join(f"{f}%: {epochs[f]}" for f in fr)
                 + (" (steps " + ", ".join(f"{f}%: {steps[f]}" for f in fr) + ")" if all(steps.values()) else "")
                 + f"; {arms.borrowed(arms.one_seed_rows())}")
-    verdict = provided(_sweep_floors(recipe, base, (lo, hi)),
+    verdict = provided(_sweep_floors(recipe, base, (fr[0], fr[-1])),
                        claim_gap_shrinks(A1["AAL"], {k: A1[k] for k in base}, epochs))
-    return CLAIM_TEXTS["1b_gap_shrinks"].format(baselines=_baseline_words(base), lo=lo, hi=hi), verdict, evidence
+    return CLAIM_TEXTS["1b_gap_shrinks"].format(baselines=_baseline_words(base), lo=fr[0], hi=fr[-1]), verdict, evidence
 
 def check_selective(recipe: Mapping, arms: SweepArms, full: Mapping[int, list], sel3: Mapping[int, list],
                     links: SelectiveLinks) -> tuple[str, Verdict, str]:
-    """Claim 2's text, verdict and evidence: the selective link beats the full link at the two smallest fractions;
-    where Algorithm 1 pruned nothing the evidence says why (the links stay near their initialisation)."""
-    fr, f0, theta = list(full), links.f0, recipe["theta_l"]
-    low2 = fr[:2]
+    "Claim 2: selective beats full link at the two smallest fractions; where nothing is pruned the evidence says why."
+    low2 = list(full)[:2]
     full_a = {f: arms.arm(full[f], f"full link {f} %") for f in low2}
     sel_a = {f: full_a[f] if links.mask(f).all() else arms.arm(sel3[f], f"selective {f} %") for f in low2}
     why = ("; " + _links_detail(recipe, full, links) + ", so no pair is pruned and there is no selective link to compare"
            if all(links.mask(f).all() for f in low2) else "")
-    evidence = ("top-1 selective - full: " + ", ".join(f"{f}%: {mean_of(sel3[f]) - mean_of(full[f]):+.2f}" for f in fr)
+    gaps = ", ".join(f"{f}%: {mean_of(sel3[f]) - mean_of(full[f]):+.2f}" for f in full)
+    evidence = (f"top-1 selective - full: {gaps}"
                 + f"; alpha keeps {int(links.alpha.sum())}/{links.alpha.size} pairs, beta {int(links.beta.sum())}/"
                 f"{links.beta.size}" + why)
     return (CLAIM_TEXTS["2_selective"].format(low=", ".join(map(str, low2))),
@@ -1420,19 +1257,16 @@ def check_selective(recipe: Mapping, arms: SweepArms, full: Mapping[int, list], 
 
 def _links_detail(recipe: Mapping, full: Mapping[int, list], links: SelectiveLinks) -> str:
     "Why Algorithm 1 keeps every pair, in numbers (claims 2 and 4)."
-    f0, theta = links.f0, recipe["theta_l"]
-    init_mean, trained_mean = np.mean(full[f0][0]["links_init"]), np.mean(full[f0][0]["links"])
+    theta, r = recipe["theta_l"], full[links.f0][0]
     return (f"Algorithm 1 (theta_l {theta}, min-max normalised |w|, mean per (CNN block, ViT layer)) cuts a pair only "
             f"when its mean |w| falls below {theta} x the largest link; the smallest pair score here is "
-            f"{links.min_score:.2f}. The links stay near their random initialisation at this scale (mean "
-            f"|w| {trained_mean:.3f} trained vs {init_mean:.3f} at init, {full[f0][0].get('steps', '?')} steps; Figure 2's last panel)")
+            f"{links.min_score:.2f}. The links stay near their random initialisation at this scale (mean |w| "
+            f"{np.mean(r['links']):.3f} trained vs {np.mean(r['links_init']):.3f} at init, {r.get('steps', '?')} "
+            "steps; Figure 2's last panel)")
 
 def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], not_run: set,
                 aug: str) -> tuple[str, Verdict, str]:
-    """Claim 3a (`aug` 'weak') or 3b ('strong'): text, verdict and evidence from Table 5's runs under that augmentation
-    (`cifar`: (method, augmentation) -> runs); the regime's floor (its plain CE top-1) is a precondition, and so is
-    that each compared pair is not inert (`inert_checks`). Untestable when rows need a CIFAR-10 teacher the profile
-    does not give."""
+    "Claim 3a (`aug` 'weak') or 3b ('strong') on Table 5's runs, given the floor, not inert, a CIFAR-10 teacher."
     CF, key = recipe["cifar"], {"weak": "3a_cifar_weak", "strong": "3b_cifar_strong"}[aug]
     if not_run:
         return CLAIM_TEXTS[key], untestable(f"rows not run: {', '.join(sorted(not_run))}; {NO_CIFAR_TEACHER}"), ""
@@ -1440,25 +1274,22 @@ def check_cifar(recipe: Mapping, arms: SweepArms, cifar: Mapping[tuple, list], n
     c3 = {aug: {n: arms.arm(cifar[n, aug], f"{n} ({aug})") for n in names}}
     hits3 = {f"{n} ({aug})": [r["correct"] for r in cifar[n, aug]] for n in names if all(r.get("correct") for r in cifar[n, aug])}
     rows = c3[aug].values()
-    evidence = (f"{aug}: " + ", ".join(f"{n} {v.mean:.2f} ({v.n} seed{'s' if v.n > 1 else ''})" for n, v in c3[aug].items())
-                + f" (every row {min(v.mean for v in rows):.2f}-{max(v.mean for v in rows):.2f}); {aug} = "
-                f"{describe_regime(recipe, CF[aug])}; " + arms.borrowed([v.name for v in rows if v.n == 1])
-                + (" (a spread measured under weak augmentation and a longer schedule: the closest one measured)"
-                   if aug == "strong" and any(v.n == 1 for v in rows) else ""))
     pairs = [(T5_AAL, o) for o in (T5_SOFT, T5_HARD)] + ([(T5_AAL_HARD, o) for o in names if o != T5_AAL_HARD]
                                                          if aug == "weak" else [])
     inert, agree = inert_checks([(hit_arm(cifar[a, aug], f"{a} ({aug})"), hit_arm(cifar[b, aug], f"{b} ({aug})"))
                                  for a, b in pairs])
-    evidence += f"; {agree}" if agree else ""
+    evidence = (f"{aug}: " + ", ".join(f"{n} {v.mean:.2f} ({v.n} seed{'s' if v.n > 1 else ''})" for n, v in c3[aug].items())
+                + f" (every row {min(v.mean for v in rows):.2f}-{max(v.mean for v in rows):.2f}); {aug} = "
+                f"{describe_regime(recipe, CF[aug])}; " + arms.borrowed([v.name for v in rows if v.n == 1])
+                + (" (a spread measured under weak augmentation and a longer schedule: the closest one measured)"
+                   if aug == "strong" and any(v.n == 1 for v in rows) else "") + agree)
     verdict = provided(regime_floor(recipe, CF[aug], cifar.get((T5_CE, aug), [])) + inert,
                        claim_cifar_aal_beats_label_distillation(c3, hits3))
     return CLAIM_TEXTS[key], verdict, evidence
 
 def check_link_depth(full: Mapping[int, list], heat: Mapping[str, np.ndarray], links: SelectiveLinks | None = None,
                      recipe: Mapping | None = None) -> tuple[str, Verdict, str]:
-    """Claim 4's text, verdict and evidence: link depth statistics of Figure 2's maps (`heat`: more data first, then
-    the smallest fraction, whose full-link seeds give the spread the other maps borrow). With `links` (and `recipe`
-    for theta_l), links that Algorithm 1 leaves whole make it untestable (`links_learned`, claim 2's finding)."""
+    "Claim 4 on Figure 2's `heat` maps (more data first, then the seeds' fraction); untestable if `links` cut nothing."
     link_runs = full[min(full)]
     k_more, k_less, *k_other = heat
     def link_arms(stat, what):
@@ -1480,9 +1311,7 @@ def check_link_depth(full: Mapping[int, list], heat: Mapping[str, np.ndarray], l
 def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, list], reach_of: Mapping[str, list],
                       target: float, full: Mapping[int, list],
                       base: Mapping[str, Mapping[int, list]]) -> tuple[str, Verdict, str]:
-    """Claim 5's text, verdict and evidence: epochs to reach `target`, per seed, of Figure 3's AAL full-link and DeiT
-    runs; untestable without learning curves (e.g. a dry run), where the curve fraction's regime misses its floor, or
-    where the two final models are inert (`inert_checks`, on their per-image hits)."""
+    "Claim 5: epochs to reach `target` per seed, AAL full link vs DeiT (Figure 3), given curves, floor, not inert."
     SW, C = recipe["sweep"], recipe["claims"]
     fc, ref_name = SW["curve"]["fraction"], C["convergence_reference"]
     if not {"AAL full link", "DeiT"} <= set(reach_of):   # e.g. a dry run: one evaluation per run, no curve
@@ -1493,23 +1322,20 @@ def check_convergence(recipe: Mapping, sweep: LinkSweep, curves: Mapping[str, li
     deit_reach = arm(reach_of["DeiT"], "DeiT", seeds=seeds["DeiT"],
                      **(dict(zip(("sd_seed", "sd_df"), pooled_sd([aal_reach]))) if len(reach_of["DeiT"]) == 1 and aal_reach.n > 1 else {}))
     horizon = max(r["curve"][-1]["epoch"] for r in curves["DeiT"]) + 1
-    text = CLAIM_TEXTS["5_convergence"].format(
-        target=f"{target:.2f} % top-1 = {C['convergence_fraction']} x {ref_name}'s final, "
-               f"{describe_regime(recipe, SW['fractions'][fc])}")
+    text = CLAIM_TEXTS["5_convergence"].format(target=f"{target:.2f} % top-1 = {C['convergence_fraction']} x "
+                                               f"{ref_name}'s final, {describe_regime(recipe, SW['fractions'][fc])}")
     evidence = (f"epochs to reach, evaluated every epoch: AAL (seeds {sweep.seeds(fc, 'aal')}) {', '.join(map(str, reach_of['AAL full link']))}, "
                 f"DeiT (seeds {sweep.seeds(fc, 'deit')}) {', '.join(map(str, reach_of['DeiT']))} (a run that never reaches it counts as "
                 f"{horizon}); final top-1 AAL {mean_of(full[fc]):.2f} %, DeiT {mean_of(base['DeiT'][fc]):.2f} %, {ref_name} "
                 f"{mean_of(base[ref_name][fc]):.2f} %")
     inert, agree = inert_checks([(hit_arm(full[fc], f"AAL full link {fc} %"), hit_arm(base["DeiT"][fc], f"DeiT {fc} %"))])
-    evidence += f"; {agree} (final models)" if agree else ""
+    evidence += f"{agree} (final models)" if agree else ""
     return text, provided(_sweep_floors(recipe, base, [fc]) + inert,
                           claim_converges_faster(aal_reach, deit_reach, horizon)), evidence
 
 def check_wsol(wsol: Mapping[str, Mapping], whole: Mapping, recipe: Mapping | None = None,
                rule_note: str = "") -> tuple[str, Verdict, str]:
-    """Claim 6's text, verdict and evidence: AAL localises better than DeiT (MaxBoxAcc, one probed run each, no spread
-    borrowed); untestable without DeiT's run. With `recipe`, each compared student's top-1 must reach the WSOL
-    regime's floor (`wsol.floor`): maps of students near chance localise nothing. `rule_note`: `wsol_rule_note`."""
+    "Claim 6 (MaxBoxAcc, one probed run each, no spread borrowed); with `recipe` each top-1 must reach `wsol.floor`."
     if "DeiT" not in wsol: return CLAIM_TEXTS["6_wsol"], untestable(NO_WSOL_LABEL_TEACHER), ""
     def wsol_arms(w, name, n):
         return dict(iou50=arm([w["iou50"]], f"{name} IoU 0.5", n_test=n), mean=arm([np.mean(list(w.values()))], f"{name} mean", n_test=n))
@@ -1532,10 +1358,7 @@ def _ablation_evidence(arms_: Mapping[str, Arm], ref: Arm) -> str:
 
 def check_lambda(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final: Mapping, seed_runs: Sequence[Mapping] = (),
                  ce_runs: Sequence[Mapping] = ()) -> tuple[str, Verdict, str]:
-    """Claim 7's text, verdict and evidence: lambda = the recipe's lambda beats the other lambdas of the ablation
-    (`ablation_arms`: the final model's seeds where `seed_runs` gives them, the other lambdas one seed borrowing their
-    spread). Preconditions: the lambda regime's floor (on `ce_runs`, its plain CE runs) and that each other lambda is
-    not inert against it (`arms_differ`: across seeds, against two seeds of the final model)."""
+    "Claim 7: the recipe's lambda beats the others (`ablation_arms`) above the regime's floor (`ce_runs`), none inert."
     AB, best = recipe["ablation"], float(recipe["aal"]["lam"])
     lam, _, _ = ablation_arms(lam_runs, fixed, final, seed_runs)
     others = [l for l in lam if l != best]
@@ -1548,17 +1371,12 @@ def check_lambda(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final: Mapp
 
 def check_decay(recipe: Mapping, lam_runs: Mapping, fixed: Mapping, final: Mapping, seed_runs: Sequence[Mapping] = (),
                 ce_runs: Sequence[Mapping] = ()) -> tuple[str, Verdict, str]:
-    """Claim 8's text, verdict and evidence: the two-rate lambda decay beats the fixed one (`ablation_arms`: the final
-    model's seeds where `seed_runs` gives them; the fixed decay one seed, borrowing their spread). Preconditions: the
-    decay regime's floor (on `ce_runs`) and that the two arms are not inert (`arms_differ`); the fix names how briefly
-    their schedules differ."""
+    "Claim 8: the two-rate decay beats the fixed one, the regime above its floor (`ce_runs`), the arms not inert."
     AB = recipe["ablation"]
     _, fin, fix_arm = ablation_arms(lam_runs, fixed, final, seed_runs)
-    wf, wd = _weights(fixed), _weights(final)
-    differ = [i for i, (a, b) in enumerate(zip(wf, wd)) if not math.isclose(a, b)]
-    when = (f"here they differ only from epoch {differ[0] + 1} of {len(wd)} (lambda "
-            + ", ".join(f"{a:.0f} vs {b:.0f}" for a, b in zip(wf[differ[0]:], wd[differ[0]:])) + ", fixed vs two-rate)"
-            if differ else "here they train the same lambda at every epoch")
+    start, n_ep, pairs = _decay_split(fixed, final)
+    when = (f"here they differ only from epoch {start + 1} of {n_ep} (lambda {pairs}, fixed vs two-rate)"
+            if start is not None else "here they train the same lambda at every epoch")
     fix = (f"a schedule on which the two decay rules part for longer ({when}; the paper: the last 100 of 300 epochs), "
            "in a regime above its floor")
     pre = regime_floor(recipe, AB["decay_regime"], ce_runs) + [arms_differ(fix_arm, fin, fix=fix)]

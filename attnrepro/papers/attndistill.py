@@ -4,16 +4,33 @@
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #patt0004
 from __future__ import annotations
-import math
-from collections.abc import Sequence
+import json, math, time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
+import numpy as np
+import pandas as pd
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
-from ..models import describe_model
+from ..attention import attention_maps
+from ..attndistill import COMPRESS_QUEUE, aggregate_heads, cls_attention_loss, projector_layer_features
+from ..core import config_hash
+from ..data import DATASETS, LabelledSubset, class_balanced_subset, denormalize, eval_transform, get_dataset
+from ..evaluate import knn_accuracy, linear_probe
+from ..methods import create_method
+from ..models import create_student, describe_model, teacher_available
+from ..pretrain import (MAE, MAEMethod, cls_features, encoder_config, get_teacher, mae_transform,
+                                sincos_pos_embed, spread_indices)
+from ..report import load_reported, papers_dir, side_by_side
+from ..scale import ProcessCache, dry_run_steps
+from ..train import TrainConfig, fit
+from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Agreement, Arm, Estimate, Verdict,
+                                all_of, arm, arm_agreement, arms_differ, at_least, contrast, difference, gap_resolved,
+                                gate, greater, less, pack_correct, pilot_table, pooled_sd, provided, reported,
+                                untestable)
 
-from ..attndistill import (COMPRESS_QUEUE, aggregate_heads, cls_attention_loss,
-                                   projector_layer_features)
 
 # %% auto #0
 __all__ = ['DRY_EVAL', 'DRY_PROBE_EPOCHS', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS', 'Pre', 'TABLE10_ROWS', 'CLAIM_ROWS', 'SWEEPS',
@@ -27,34 +44,16 @@ __all__ = ['DRY_EVAL', 'DRY_PROBE_EPOCHS', 'BASE_OPTS', 'AD_OPTS', 'CLAIM_TEXTS'
            'table_pilot', 'pilot_reuse', 'table_figure_6', 'runs_arm', 'table_figure_7', 'table10_in_profile',
            'row_variant', 'ShortRows', 'table_10', 'table_10_reference', 'figure_attention', 'table_attention_kl',
            'claim_getter', 'teacher_gates', 'teacher_gate', 'seed_agreement', 'inert_tolerance', 'pair_agreement',
-           'arms_not_inert', 'FairTest', 'table_agreement', 'regime', 'T10_d', 'claim_evidence']
+           'arms_not_inert', 'FairTest', 'table_agreement', 'regime', 'claim_evidence']
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #114ddfe2
-import json, time
-from collections.abc import Mapping
-
-import numpy as np
-from torch.utils.data import DataLoader
-
-from ..attention import attention_maps
-from ..data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset
-from ..evaluate import knn_accuracy, linear_probe
-from ..methods import create_method
-from ..models import create_student, teacher_available
-from ..pretrain import cls_features, get_teacher, mae_transform, spread_indices
-from ..scale import ProcessCache, dry_run_steps
-from ..train import TrainConfig, fit
-from ..verdicts import pack_correct
-
 _RUN_CACHE = ProcessCache()   # data and teacher, built once per process (a grid job builds its own)
 # A dry run costs training; its analyses (k-NN, probe, teacher quality, Figure 7's probes) only have to run, so they see
 # DRY_EVAL images (labelled bank, test set; the bank keeps k = 10 and 20) and the probe trains DRY_PROBE_EPOCHS epochs.
 DRY_EVAL, DRY_PROBE_EPOCHS = (20, 8), 2
 
 def run_datasets(data: Mapping, img_size: int):
-    """(distillation set with MAE's augmentation, the same images with the eval transform, val set) of a data spec
-    {train, train_per_class, val, val_split}; a dry run keeps `DRY_EVAL` images of the two evaluation sets, spread over
-    each."""
+    "(train set with MAE's augmentation, it with the eval transform, val set); a dry run evaluates on `DRY_EVAL`."
     key = ("data", json.dumps(dict(data), sort_keys=True), img_size)
     if key not in _RUN_CACHE:
         sub = lambda ds: class_balanced_subset(ds, per_class=data["train_per_class"], seed=0) if data["train_per_class"] else ds
@@ -68,8 +67,8 @@ def run_datasets(data: Mapping, img_size: int):
     return _RUN_CACHE[key]
 
 def run_teacher(spec, img_size: int, teacher_arch: Mapping | None = None) -> nn.Module:
-    """The frozen float teacher of `spec` (once per process); `teacher_arch` (the paper profile's) must match it. A dry
-    run without the teacher gets random weights of `teacher_arch`, saying so."""
+    """The frozen float teacher of `spec` (once per process), which must match `teacher_arch` (the paper profile's); a
+    dry run without it gets random weights of `teacher_arch`."""
     key = ("teacher", json.dumps(spec, sort_keys=True), img_size)
     if key not in _RUN_CACHE:
         if dry_run_steps() and teacher_arch and not teacher_available(spec):
@@ -88,9 +87,8 @@ def run_teacher(spec, img_size: int, teacher_arch: Mapping | None = None) -> nn.
     return _RUN_CACHE[key]
 
 def figure_images(val_eval) -> list[int]:
-    """Three fixed val images for Figures 9-11 (the paper's: a basset, a border collie, a steam locomotive; Tiny-ImageNet
-    has none of these classes, so the first val image of three dog/vehicle classes if present, else classes spread
-    over the list)."""
+    """Three fixed val images for Figures 9-11 (the paper's basset, border collie and steam locomotive are not in
+    Tiny-ImageNet): the first of three dog/vehicle classes if present, else of classes spread over the list."""
     idx, targets = [], np.asarray(val_eval.targets)
     for w in ["retriever", "German shepherd", "school bus"]:
         cls = [i for i, c in enumerate(val_eval.classes) if w.lower() in c.lower()]
@@ -98,7 +96,7 @@ def figure_images(val_eval) -> list[int]:
         if len(hits): idx.append(int(hits[0]))   # a dry run's few images may lack the class
     present = np.unique(val_eval.targets)   # every class, except in a dry run's few images
     for c in present[np.linspace(0, len(present) - 1, 3).round().astype(int)]:
-        i = int(np.flatnonzero(np.asarray(val_eval.targets) == c)[0])
+        i = int(np.flatnonzero(targets == c)[0])
         if len(idx) < 3 and i not in idx: idx.append(i)
     return idx
 
@@ -119,12 +117,10 @@ def quality(train_f, val_f, ytr, yva, eval_spec: Mapping, n_cls: int, seed: int 
     lin = linear_probe(train_f, ytr, val_f, yva, epochs=epochs, lr=probe_lr(E), batch_size=E["probe_batch"],
                        seed=seed, num_classes=n_cls, return_correct=True, optimizer=E.get("probe_optimizer", "sgd"),
                        warmup_epochs=warm)
-    out = {f"knn{k}_top1": v["top1"] for k, v in knn.items()}
-    out.update({f"knn{k}_top5": v["top5"] for k, v in knn.items() if "top5" in v})
-    out.update(lp_top1=lin["top1"], lp_top5=lin.get("top5"))
-    out.update({f"knn{k}_correct": pack_correct(v["correct"]) for k, v in knn.items()},
-               lp_correct=pack_correct(lin["correct"]))
-    return out
+    return {**{f"knn{k}_top1": v["top1"] for k, v in knn.items()},
+            **{f"knn{k}_top5": v["top5"] for k, v in knn.items() if "top5" in v}, "lp_top1": lin["top1"],
+            "lp_top5": lin.get("top5"), **{f"knn{k}_correct": pack_correct(v["correct"]) for k, v in knn.items()},
+            "lp_correct": pack_correct(lin["correct"])}
 
 def train_config(train: Mapping, seed: int) -> TrainConfig:
     "The `TrainConfig` of a run's `train` section (a CPU dry run times float32 where it sets `amp`: `fit` does that)."
@@ -140,8 +136,7 @@ def teacher_quality_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     t0 = time.time()
     train_aug, train_eval, val_eval = run_datasets(config["data"], recipe["img_size"])
     teacher = run_teacher(config["teacher"], recipe["img_size"], recipe.get("teacher_arch"))
-    ftr, ytr = cls_features(teacher, train_eval)
-    fva, yva = cls_features(teacher, val_eval)
+    (ftr, ytr), (fva, yva) = (cls_features(teacher, d) for d in (train_eval, val_eval))
     q = quality(ftr, fva, ytr, yva, config["eval"], len(val_eval.classes))
     return dict(q, fig_maps=_last_cls_maps(teacher, val_eval, config["fig_idx"]), wall_s=time.time() - t0)
 
@@ -154,15 +149,14 @@ def distill_run(config: Mapping, ckpt_dir, recipe: Mapping, progress: bool = Fal
     student = create_student("vit", img_size=img, num_classes=0, **config["student"])
     # the registry's method (compress_queue: in the config, variant_config)
     _, method = create_method("attndistill", student, teacher, **config["method"])
-    cfg = train_config(config["train"], config["seed"])
-    res = fit(student, train_aug, None, cfg, method, ckpt_dir=ckpt_dir, progress=progress)
+    res = fit(student, train_aug, None, train_config(config["train"], config["seed"]), method, ckpt_dir=ckpt_dir,
+              progress=progress)
     t0 = time.time()
     proj = method.extra_modules.get("projector")   # None with proj_layers=0: layer 0 only
-    ftr, ytr = projector_layer_features(student, proj, DataLoader(train_eval, batch_size=256))
-    fva, yva = projector_layer_features(student, proj, DataLoader(val_eval, batch_size=256))
-    layers = range(len(ftr)) if config["all_layers"] else [0]
-    n_cls = len(val_eval.classes)
-    ev = {str(j): quality(ftr[j], fva[j], ytr, yva, config["eval"], n_cls, seed=config["seed"]) for j in layers}
+    (ftr, ytr), (fva, yva) = (projector_layer_features(student, proj, DataLoader(d, batch_size=256))
+                              for d in (train_eval, val_eval))
+    ev = {str(j): quality(ftr[j], fva[j], ytr, yva, config["eval"], len(val_eval.classes), seed=config["seed"])
+          for j in (range(len(ftr)) if config["all_layers"] else [0])}
     losses = {k: [round(r[k], 6) for r in res["history"]] for k in res["history"][0] if k.startswith("loss")}
     return dict(eval=ev, losses=losses, steps=res["steps"], train_s=res["wall_time_s"], eval_s=time.time() - t0,
                 n_params=res["n_params"], n_params_extra=res["n_params_extra"], grid=describe_model(student)["grid"],
@@ -176,14 +170,10 @@ def variants(recipe: Mapping) -> dict:
     "Every run the notebook's tables and figures use: name -> (student shape, method options, evaluate every projector layer?)."
     AD = AD_OPTS
     return {"base_pa": ("base", {}, True), "base_ad": ("base", AD, False),
-            "base_ad_aggr": ("base", dict(AD, aggregate="logsum"), False),
-            "heads_pa": ("heads", {}, False), "heads_ad": ("heads", AD, False),
-            "patch_pa": ("patch", {}, False), "patch_ad": ("patch", AD, False),
-            "patch28_pa": ("patch28", {}, False), "patch28_ad": ("patch28", AD, False),   # paper profile only (224 px)
-            "depth_pa": ("depth", {}, False), "depth_ad": ("depth", AD, False),
-            "combo_pa": ("combo", {}, False), "combo_ad": ("combo", AD, False),
-            "combo_max": ("combo", dict(AD, aggregate="max"), False), "combo_mean": ("combo", dict(AD, aggregate="mean"), False),
-            "combo_min": ("combo", dict(AD, aggregate="min"), False),
+            "base_ad_aggr": ("base", dict(AD, aggregate="logsum"), False),   # patch28: paper profile only (224 px)
+            **{f"{s}_{m}": (s, o, False) for s in ("heads", "patch", "patch28", "depth", "combo")
+               for m, o in (("pa", {}), ("ad", AD))},
+            **{f"combo_{a}": ("combo", dict(AD, aggregate=a), False) for a in ("max", "mean", "min")},
             "combo_value": ("combo", dict(AD, value_weight=True), False), "combo_mse": ("combo", dict(AD, attn_loss="mse"), False),
             "compress_pa": ("base", dict(compress_weight=1.0), False),
             "compress_only": ("base", dict(feature_weight=0.0, compress_weight=1.0), False),
@@ -204,15 +194,6 @@ def variant_config(recipe: Mapping, name: str, schedule: str = "short", seed: in
                 eval=recipe["eval"], seed=seed, all_layers=all_layers, fig_idx=list(fig_idx))
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #ea8066c6
-from dataclasses import dataclass
-from typing import Callable
-
-import pandas as pd
-
-from ..report import load_reported, papers_dir
-from ..verdicts import (Arm, Estimate, Verdict, all_of, contrast, difference, greater, less, paired_difference,
-                                provided, reported, untestable)
-
 CLAIM_TEXTS = {
     "1": "AttnDistill improves the student over feature regression alone in linear probe, and more in k-NN, "
          "narrowing the gap to the teacher",
@@ -223,96 +204,78 @@ CLAIM_TEXTS = {
 
 @dataclass(frozen=True, eq=False)
 class HitArm(Arm):
-    """An `Arm` whose seeds also carry their per-image top-1 hits on one shared test set (`correct`: one
-    `pack_correct` string or bool array per seed, in the order of `values`; also set as `Arm.hits`, so every contrast
-    and `verdicts.arms_differ` use them). Two such arms are compared paired."""
+    """An `Arm` whose seeds carry their per-image top-1 hits on one shared test set (`correct`: one `pack_correct`
+    string or bool array per seed, in the order of `values`; also its `Arm.hits`, so every contrast pairs them)."""
     correct: tuple = ()
 
 def hit_arm(values, correct, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
             sd_df: float | None = None, seeds=()) -> HitArm:
     "A `HitArm` from per-seed values and their per-image hits (`correct`, one entry per seed), and the `seeds`."
-    values = tuple(float(v) for v in (values if isinstance(values, (list, tuple)) else [values]))
-    correct = tuple(correct)
+    values, correct = np.atleast_1d(np.asarray(values, dtype=float)).tolist(), tuple(correct)
     if len(correct) != len(values):
         raise ValueError(f"hit_arm {name!r}: {len(values)} values but {len(correct)} per-image hit arrays; "
                          "pass one per seed, in the same order")
-    return HitArm(values, name, n_test, sd_seed, sd_df, correct, hits=correct, seeds=tuple(seeds))
+    return HitArm(values, name, n_test, sd_seed, sd_df, correct, hits=correct, seeds=seeds)
 
 def compare(a: Arm, b: Arm, label: str = "") -> Estimate:
-    """`mean(a) - mean(b)`: paired on the shared test images (`paired_difference`) when both arms carry per-image
-    hits (`HitArm`), else with independent test-set noise (`difference`)."""
-    if isinstance(a, HitArm) and isinstance(b, HitArm) and a.correct and b.correct:
-        return paired_difference(a, b, a.correct, b.correct, label)
+    "`mean(a) - mean(b)` (`verdicts.difference`): paired on the test images when both arms carry hits (`HitArm`)."
     return difference(a, b, label)
 
 Pre = Callable[[str, Arm, Arm], Sequence[Verdict]]   # (part label, arm a, arm b of `a - b`) -> its preconditions
 
-def _fair(pre: Pre | None, label: str, a: Arm, b: Arm, verdict: Callable[[], Verdict]) -> Verdict:
-    "One part of a claim: its verdict when every precondition `pre(label, a, b)` holds, else untestable (`provided`)."
-    return provided(list(pre(label, a, b)) if pre else [], verdict())
+def _part(pre: Pre | None, label: str, a: Arm, b: Arm, test: Callable = greater, margin: float = 0.0,
+          est: Estimate | None = None) -> Verdict:
+    "One part `a - b` of a claim: `test(est or compare(a, b), margin)`, untestable unless `pre(label, a, b)` holds."
+    return provided(list(pre(label, a, b)) if pre else [], test(est or compare(a, b, label), margin))
 
 def claim_gain_over_feature_regression(pa_lp: Arm, ad_lp: Arm, pa_knn: Arm | None = None,
                                        ad_knn: Arm | None = None, pre: Pre | None = None) -> Verdict:
-    """1: AttnDistill - PA > 0 in linear probe; given k-NN arms, also in k-NN (the k-NN gap to the teacher narrows:
-    the teacher's number cancels) and by more in k-NN than in the probe (the LP-to-k-NN drop shrinks). Without k-NN
-    arms only the probe part is decided (`attndistill_claims` then adds the k-NN part as untestable). `pre(label, a,
-    b)`: each part's preconditions (the teacher's gate of that metric, its gap to the student resolved, the arms not
-    inert: `FairTest`); the k-NN - LP part needs both metrics' preconditions."""
+    """1: AttnDistill - PA > 0 in LP; given k-NN arms, also in k-NN (the gap to the teacher narrows) and by more than
+    in LP (the LP-to-k-NN drop shrinks). `pre(label, a, b)`: each part's preconditions (`FairTest`)."""
     if (pa_knn is None) != (ad_knn is None): raise ValueError("pass both k-NN arms or neither")
-    LP, KNN = "LP: AttnDistill - PA", "k-NN: AttnDistill - PA"
-    parts = [_fair(pre, LP, ad_lp, pa_lp, lambda: greater(compare(ad_lp, pa_lp, LP)))]
+    LP, KNN, D = "LP: AttnDistill - PA", "k-NN: AttnDistill - PA", "k-NN gain - LP gain"
+    parts = [_part(pre, LP, ad_lp, pa_lp)]
     if pa_knn is not None:
         both = (lambda label, a, b: [*pre(KNN, ad_knn, pa_knn), *pre(LP, ad_lp, pa_lp)]) if pre else None
         # arms with per-image hits (HitArm) pair the difference of differences on the shared images too
-        parts += [_fair(pre, KNN, ad_knn, pa_knn, lambda: greater(compare(ad_knn, pa_knn, KNN))),
-                  _fair(both, "k-NN gain - LP gain", ad_knn, pa_knn, lambda: greater(
-                      contrast([(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], "k-NN gain - LP gain")))]
+        parts += [_part(pre, KNN, ad_knn, pa_knn), _part(both, D, ad_knn, pa_knn, est=contrast(
+            [(1, ad_knn), (-1, pa_knn), (-1, ad_lp), (1, pa_lp)], D))]
     return all_of(parts)
 
 def claim_gain_across_shapes(pairs: dict, pre: Pre | None = None) -> Verdict:
-    """2: AttnDistill - PA > 0 for every student shape (dict shape -> (PA arm, AttnDistill arm)); `pre`: each
-    shape's preconditions (`FairTest`: the arms not inert, both above the floor)."""
+    "2: AttnDistill - PA > 0 for every student shape {shape: (PA arm, AttnDistill arm)}, under `pre` (`FairTest`)."
     return all_of([untestable(f"{k}: PA and AttnDistill are the same run") if pa is ad else
-                   _fair(pre, f"{k}: AttnDistill - PA", ad, pa,
-                         lambda k=k, pa=pa, ad=ad: greater(compare(ad, pa, f"{k}: AttnDistill - PA")))
-                   for k, (pa, ad) in pairs.items()])
+                   _part(pre, f"{k}: AttnDistill - PA", ad, pa) for k, (pa, ad) in pairs.items()])
 
 def claim_kl_beats_alternatives(kl: Arm, alternatives: dict, pre: Pre | None = None) -> Verdict:
     "3: the KL attention loss beats each alternative (dict name -> Arm: MSE on attention, weighting by V)."
-    return all_of([untestable(f"KL and {k} are the same run") if a is kl else
-                   _fair(pre, f"KL - {k}", kl, a, lambda k=k, a=a: greater(compare(kl, a, f"KL - {k}")))
+    return all_of([untestable(f"KL and {k} are the same run") if a is kl else _part(pre, f"KL - {k}", kl, a)
                    for k, a in alternatives.items()])
 
 def claim_projector_design(lp: dict, best: int = 4, margin: float = 0.5, pre: Pre | None = None) -> Verdict:
-    """4: `lp` maps projector depth -> {evaluation layer -> Arm} (layer 0: before the projector). The `best`-layer
-    projector beats every other depth at layer 0, and in every projector no layer j >= 1 beats layer 0 by `margin`
-    points or more (the paper: layer 0 "is always a good choice", not always the best). `pre`: each part's
-    preconditions (`FairTest`: both rows above the floor, so a collapsed projector decides nothing)."""
-    parts = [_fair(pre, f"P{best} - P{n} at layer 0", lp[best][0], lp[n][0],
-                   lambda n=n: greater(compare(lp[best][0], lp[n][0], f"P{best} - P{n} at layer 0")))
-             for n in lp if n != best]
-    parts += [_fair(pre, f"P{n}: layer {j} - layer 0", by[j], by[0],
-                    lambda n=n, by=by, j=j: less(compare(by[j], by[0], f"P{n}: layer {j} - layer 0"), margin))
-              for n, by in lp.items() for j in by if j != 0]
-    return all_of(parts)
+    """4: `lp` maps projector depth -> {eval layer -> Arm} (layer 0: before the projector). The `best`-layer projector
+    beats every other depth at layer 0, and no layer j >= 1 beats layer 0 by `margin` points or more (the paper: layer
+    0 "is always a good choice", not always the best). `pre`: as above."""
+    return all_of([_part(pre, f"P{best} - P{n} at layer 0", lp[best][0], lp[n][0]) for n in lp if n != best]
+                  + [_part(pre, f"P{n}: layer {j} - layer 0", by[j], by[0], less, margin)
+                     for n, by in lp.items() for j in by if j != 0])
+
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #a7d10c02
 TABLE10_ROWS = "table10_rows.csv"
 
 def table10_rows(root=None) -> pd.DataFrame:
-    """`papers/attndistill/table10_rows.csv`, indexed by `key`: every row of our Table 10 with the paper row it
-    reproduces (`seed_line`, the line of the seed file), our run (`variant`, `eval_layer`), the swept value (`param`)
-    and why a row cannot be run (`unavailable`). Checked: unique keys, paper lines that exist in the transcription."""
+    """`papers/attndistill/table10_rows.csv` indexed by `key` (see the text above), checked: unique keys, paper lines
+    (`seed_line`) that exist in the transcription."""
     p = papers_dir(root) / "attndistill" / TABLE10_ROWS
     if not p.exists(): raise FileNotFoundError(f"{p} is missing: the Table 10 row map of the attndistill notebook")
     rows = pd.read_csv(p, comment="#", dtype={"variant": str, "unavailable": str, "attn": str},
                        keep_default_na=False, na_values={"seed_line": [""], "param": [""]})
-    dup = rows.key[rows.key.duplicated()].tolist()
-    if dup: raise ValueError(f"{p}: duplicate row keys {dup}")
+    if dup := rows.key[rows.key.duplicated()].tolist(): raise ValueError(f"{p}: duplicate row keys {dup}")
     rows["seed_line"] = rows.seed_line.astype("Int64")
     lines = set(load_reported("attndistill", "table10_ablation_full", root).seed_line)
-    bad = sorted(int(x) for x in set(rows.seed_line.dropna()) - lines)
-    if bad: raise ValueError(f"{p}: seed_line {bad} are not rows of reported/table10_ablation_full.csv")
+    if bad := sorted(int(x) for x in set(rows.seed_line.dropna()) - lines):
+        raise ValueError(f"{p}: seed_line {bad} are not rows of reported/table10_ablation_full.csv")
     return rows.set_index("key", drop=False)
 
 # Table 10 rows (keys of table10_rows.csv) that each claim compares; claim 4 takes every (d) row
@@ -322,18 +285,13 @@ CLAIM_ROWS = {
           "patch 28 (interp)": ("a_patch28_pa", "a_patch28_ad"), "half grid (interp)": ("a_halfgrid_pa", "a_halfgrid_ad"),
           "2/3 depth": ("a_depth_pa", "a_depth_ad"), "combo": ("a_combo_pa", "a_combo_ad")},
     "3": ("b_logsum", {"MSE": "f_mse", "weight by V": "f_value"}),
-    "4": "d",
-}
+    "4": "d"}
 
 def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: float = 0.5,
                        pre: Callable | None = None) -> dict[str, Verdict]:
-    """Every claim of `CLAIM_TEXTS` decided on the Table 10 rows of `CLAIM_ROWS`. `get(key, metric="lp_top1",
-    schedule="short")` returns the row's `Arm`, or a string saying why it has none (claim 1 asks for the `headline`
-    schedule and for `knn20_top1`). A part the claim names (k-NN, MSE) that has no arm makes the claim untestable, with
-    the reason; an instance of a "for every" (a student shape, a projector layer) without one is left out and named.
-    `pre(claim_id, part_label, a, b)`: the preconditions of one compared part `a - b` (a fair test: `FairTest`); a part
-    whose preconditions fail is untestable with the reason, never "does not hold". None: no preconditions (the paper's
-    own printed numbers)."""
+    """Every claim of `CLAIM_TEXTS` on the rows of `CLAIM_ROWS`: `get(key, metric="lp_top1", schedule="short")` gives a
+    row's `Arm` or why it has none (see the text above); `pre(claim_id, part_label, a, b)`: the preconditions of one
+    compared part `a - b` (`FairTest`; None: none, as on the paper's own numbers)."""
     rows = table10_rows() if rows is None else rows
     P = {c: (lambda label, a, b, c=c: pre(c, label, a, b)) if pre else None for c in CLAIM_TEXTS}
     def missing(*xs): return next((x for x in xs if isinstance(x, str)), None)
@@ -350,37 +308,28 @@ def attndistill_claims(get: Callable, rows: pd.DataFrame | None = None, margin: 
         pk, ak = (get(k, "knn20_top1", "headline") for k in CLAIM_ROWS["1"])
         out["1"] = (all_of([claim_gain_over_feature_regression(pa, ad, pre=P["1"]), untestable(why, "k-NN parts")])
                     if (why := missing(pk, ak)) else claim_gain_over_feature_regression(pa, ad, pk, ak, pre=P["1"]))
-    pairs, skipped = {}, {}
-    for shape, keys in CLAIM_ROWS["2"].items():
-        a, b = get(keys[0]), get(keys[1])
-        if why := missing(a, b): skipped[shape] = why
-        else: pairs[shape] = (a, b)
+    pairs = {shape: (get(a), get(b)) for shape, (a, b) in CLAIM_ROWS["2"].items()}
+    skipped = {k: missing(*ab) for k, ab in pairs.items() if missing(*ab)}
+    pairs = {k: ab for k, ab in pairs.items() if k not in skipped}
     out["2"] = note(claim_gain_across_shapes(pairs, P["2"]), skipped) if pairs else untestable(
         "; ".join(f"{k}: {w}" for k, w in skipped.items()), "no student shape has both rows")
-    kl_key, alt_keys = CLAIM_ROWS["3"]
-    kl = get(kl_key)
-    if isinstance(kl, str):
-        out["3"] = untestable(kl, "KL row")
-    else:
-        alts = {k: get(v) for k, v in alt_keys.items()}
-        have = {k: a for k, a in alts.items() if not isinstance(a, str)}
-        parts = ([claim_kl_beats_alternatives(kl, have, P["3"])] if have else [])
-        parts += [untestable(a, f"KL - {k}") for k, a in alts.items() if isinstance(a, str)]
-        out["3"] = parts[0] if len(parts) == 1 else all_of(parts)
+    kl, alts = get(CLAIM_ROWS["3"][0]), {k: get(v) for k, v in CLAIM_ROWS["3"][1].items()}
+    have = {k: a for k, a in alts.items() if not isinstance(a, str)}
+    parts = [claim_kl_beats_alternatives(kl, have, P["3"])] if have and not isinstance(kl, str) else []
+    parts += [untestable(a, f"KL - {k}") for k, a in alts.items() if isinstance(a, str)]
+    out["3"] = untestable(kl, "KL row") if isinstance(kl, str) else parts[0] if len(parts) == 1 else all_of(parts)
     lp, skipped = {}, {}
     for key, r in rows[rows.group == CLAIM_ROWS["4"]].iterrows():
         a = get(key)
         if isinstance(a, str): skipped[f"P{int(r.param)} layer {r.eval_layer}"] = a
         else: lp.setdefault(int(r.param), {})[int(r.eval_layer)] = a
-    if 4 not in lp or 0 not in lp[4] or len(lp) < 2 or any(0 not in by for by in lp.values()):
-        out["4"] = untestable("the projector sweep lacks layer 0 of the 4-layer or of another projector", "P sweep")
-    else:
-        out["4"] = note(claim_projector_design(lp, 4, margin, P["4"]), skipped)
+    out["4"] = (note(claim_projector_design(lp, 4, margin, P["4"]), skipped)
+                if 4 in lp and len(lp) > 1 and all(0 in by for by in lp.values()) else
+                untestable("the projector sweep lacks layer 0 of the 4-layer or of another projector", "P sweep"))
     return out
 
 def reported_getter(rows: pd.DataFrame | None = None, root=None) -> Callable:
-    """`attndistill_claims`'s `get` on the paper's own Table 10: linear-probe top-1 of each row as an exact number
-    (`verdicts.reported`; rows printed on one line share one Arm); a reason string where the supplement has none."""
+    "`attndistill_claims`'s `get` on the paper's Table 10: each row's LP top-1, exact (one Arm per printed line)."
     rows = table10_rows(root) if rows is None else rows
     lp = load_reported("attndistill", "table10_ablation_full", root).set_index("seed_line").top1_lp
     arms = {}
@@ -389,8 +338,7 @@ def reported_getter(rows: pd.DataFrame | None = None, root=None) -> Callable:
         if metric != "lp_top1":
             return (f"the supplement prints no {metric} numbers (its k-NN results are in the main paper's Table 2, "
                     "plotted in Figure 6, not in the seed)")
-        if pd.isna(r.seed_line):
-            return f"no number in the paper's Table 10 (see {TABLE10_ROWS})"
+        if pd.isna(r.seed_line): return f"no number in the paper's Table 10 (see {TABLE10_ROWS})"
         line = int(r.seed_line)
         return arms.setdefault(line, reported(float(lp.loc[line]), f"line {line}"))
     return get
@@ -401,20 +349,14 @@ def reported_claims(root=None) -> dict[str, Verdict]:
     return attndistill_claims(reported_getter(rows, root), rows)
 
 def loss_shares(losses: dict, attn_weight: float, epoch: int = -1) -> dict:
-    """Each loss term's part of a run's total in one epoch (default: the last), from the per-epoch means a run stores
-    (`fit`'s history: `loss` = the weighted total, `loss_<term>` = each term unweighted): the raw attention loss
-    L_a, lambda x L_a, the feature loss, and the attention share lambda L_a / total (0 without an attention term)."""
+    """Each loss term's part of a run's total in one epoch (default: the last) of `fit`'s per-epoch means (`loss`: the
+    weighted total, `loss_<term>` unweighted): L_a, lambda x L_a, the feature loss and the share lambda L_a / total."""
     if "loss" not in losses: raise KeyError(f"loss_shares: no total 'loss' among {sorted(losses)}")
-    total = float(losses["loss"][epoch])
-    raw = float(losses["loss_attn"][epoch]) if "loss_attn" in losses else 0.0
-    feat = float(losses["loss_feat"][epoch]) if "loss_feat" in losses else 0.0
+    total, raw, feat = (float(losses[k][epoch]) if k in losses else 0.0 for k in ("loss", "loss_attn", "loss_feat"))
     return dict(attn_raw=raw, attn_weighted=attn_weight * raw, feat=feat,
                 attn_share=attn_weight * raw / total if total else float("nan"))
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #d3c4de4c
-from ..data import denormalize
-from ..pretrain import MAE, MAEMethod, encoder_config, sincos_pos_embed
-
 def config_row(kw: Mapping, img: int) -> dict:
     "Layers, dim, heads, patch, tokens and parameters (millions) of a `create_student` ViT at `img` px (Table 7)."
     with torch.device("meta"):   # shapes only: nothing allocated or initialised (a ViT-B costs seconds otherwise)
@@ -432,23 +374,18 @@ def position_embedding_kind(model: nn.Module, kw: Mapping) -> str:
 
 def mae_curve_run(config: Mapping, ckpt_dir, *, img_size: int, train_aug, train_eval, val_eval, quality: Callable,
                   progress: bool = True) -> dict:
-    """Figure 7's run: MAE pre-training of the encoder `config['arch']` on `train_aug`, its CLS features probed (`quality`:
-    linear probe and 20-NN on `train_eval` -> `val_eval`) at every evaluation. Returns the curve, the training time and
-    the last evaluation's per-image hits (`correct`: {"lp_correct", "knn20_correct"} as `pack_correct` strings, for
-    paired comparisons; absent when a finished run is read back from its checkpoint, or `quality` gives none)."""
+    """Figure 7's run: MAE pre-training of `config['arch']`, its CLS features probed by `quality` at every evaluation:
+    the curve, the training time and the last hits (`correct`; absent when a finished run is read back)."""
     torch.manual_seed(0)
-    enc = create_student(**encoder_config(dict(config["arch"], img_size=img_size), num_classes=0))
-    mae = MAE(enc, **config["mae"])
+    mae = MAE(create_student(**encoder_config(dict(config["arch"], img_size=img_size), num_classes=0)), **config["mae"])
     last_hits = {}   # fit's history keeps numbers only: the hits of the latest evaluation are kept here
     def evaluate_fn(model, loader, device):
-        e = model.encoder
-        ftr, ytr = cls_features(e, train_eval); fva, yva = cls_features(e, val_eval)
+        (ftr, ytr), (fva, yva) = (cls_features(model.encoder, d) for d in (train_eval, val_eval))
         q = quality(ftr, fva, ytr, yva)
         last_hits.clear(); last_hits.update({k: q[k] for k in ("lp_correct", "knn20_correct") if q.get(k)})
         return {"lp_top1": q["lp_top1"], "knn20_top1": q["knn20_top1"]}
-    cfg = train_config(config["train"], 0)
-    res = fit(mae, train_aug, val_eval, cfg, MAEMethod(log_every=10), ckpt_dir=ckpt_dir, progress=progress,
-              evaluate_fn=evaluate_fn)
+    res = fit(mae, train_aug, val_eval, train_config(config["train"], 0), MAEMethod(log_every=10), ckpt_dir=ckpt_dir,
+              progress=progress, evaluate_fn=evaluate_fn)
     curve = [dict(epoch=r["epoch"] + 1, lp_top1=r["val_lp_top1"], knn20_top1=r["val_knn20_top1"], loss=r["loss"])
              for r in res["history"] if "val_lp_top1" in r]
     return dict(curve=curve, train_s=res["wall_time_s"], **({"correct": dict(last_hits)} if last_hits else {}))
@@ -459,12 +396,13 @@ def plot_teacher_vs_students(summary: pd.DataFrame):
     "Figure 6: linear-probe and 20-NN top-1 of the teacher and the two students (rows of `summary`: mean and std columns)."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(5, 3))
-    labels = ["teacher", "student PA", "student AttnDistill"]
-    lp = [summary["lp_top1 mean"][i] for i in range(3)]; kn = [summary["knn20_top1 mean"][i] for i in range(3)]
     xs = np.arange(3)
-    ax.bar(xs - 0.2, lp, 0.4, label="linear probe", yerr=summary["lp_top1 std"].fillna(0), capsize=3)
-    ax.bar(xs + 0.2, kn, 0.4, label="k-NN (k=20)", yerr=summary["knn20_top1 std"].fillna(0), capsize=3)
-    ax.set_xticks(xs, labels, fontsize=8); ax.set_ylabel("top-1 (%)"); ax.legend(fontsize=7)
+    for dx, key, label in ((-0.2, "lp_top1", "linear probe"), (0.2, "knn20_top1", "k-NN (k=20)")):
+        ax.bar(xs + dx, [summary[f"{key} mean"][i] for i in range(3)], 0.4, label=label,
+               yerr=summary[f"{key} std"].fillna(0), capsize=3)
+    ax.set_xticks(xs, ["teacher", "student PA", "student AttnDistill"], fontsize=8)
+    ax.set_ylabel("top-1 (%)")
+    ax.legend(fontsize=7)
     ax.set_title("Figure 6: teacher vs students", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     return fig
@@ -483,8 +421,7 @@ def plot_mae_curves(curves: Mapping[str, Mapping], archs: Mapping[str, Mapping])
     return fig
 
 def plot_sweeps(studies: Sequence[tuple[str, pd.DataFrame, float]], sd: float | None, profile: str):
-    """Figure 8: per (name, rows with value / lp_top1 / paper, PA baseline) our LP top-1 against the swept value (bars:
-    the borrowed seed sd `sd`) and the paper's on a second axis."""
+    "Figure 8: per (name, rows of value / lp_top1 / paper, PA LP) our LP (bars: sd) and the paper's over the value."
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(studies), figsize=(6.5, 3.1))
     for ax, (name, d, pa) in zip(axes, studies):
@@ -499,9 +436,8 @@ def plot_sweeps(studies: Sequence[tuple[str, pd.DataFrame, float]], sd: float | 
 
 def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_grid, students: Mapping[str, tuple],
                        title: str, T: float = 10.0):
-    """Figures 9-11 for one image: the (normalised) image, the teacher's aggregated (log-sum at `T`) and per-head
-    last-block CLS maps (heads, N), then per student {name: (maps (heads, N), grid)} the same, with its KL to the
-    teacher's aggregated map. Returns (figure, {name: KL})."""
+    """Figures 9-11 for one image: the image, the teacher's aggregated (log-sum at `T`) and per-head last-block CLS
+    maps (heads, N), then per student {name: (maps, grid)} the same and its KL. Returns (figure, {name: KL})."""
     import matplotlib.pyplot as plt
     heads_t = teacher_maps.shape[0]
     max_h = max(heads_t, *(len(m) for m, _ in students.values()))
@@ -530,16 +466,13 @@ def plot_cls_attention(image: torch.Tensor, teacher_maps: torch.Tensor, teacher_
 
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #3cad96e2
-from ..data import DATASETS
-
 def train_note(recipe: Mapping) -> str:
     "The distillation images in words (dataset, and images per class where subsampled), for captions."
     D = recipe["data"]
     return f"{D['train']}" + (f", {D['train_per_class']} images per class" if D['train_per_class'] else "")
 
 def paper_requirements(recipe: Mapping) -> dict:
-    """Keyword arguments of `PaperRun.require_paper_resources` at the paper profile: the training the published
-    recipe costs, its datasets, and how to get the (unpublished) MAE ViT-S/16 teacher."""
+    "`PaperRun.require_paper_resources` kwargs: the paper recipe's training, datasets and (unpublished) teacher."
     P, D, IMG = recipe, recipe["data"], recipe["img_size"]
     tr, n_img = P["short"]["train"], DATASETS[D["train"]].nominal_sizes["train"]
     arch = dict(arch="vit", img_size=IMG, num_classes=0, **P["teacher_arch"])
@@ -555,8 +488,7 @@ def paper_requirements(recipe: Mapping) -> dict:
                   f"with attnrepro.models.load_teacher(path, config={{'create_student': {arch}}}, key_map=...) first"})
 
 def table_7(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 7: the paper's configurations as printed, with tokens and parameters recomputed for timm ViTs at 224 px,
-    then (below the paper profile) this profile's teacher and students at its image size. Returns (table, caption)."""
+    "Table 7: the paper's configs (tokens, params recomputed for timm at 224 px), then this profile's models."
     P, pe_of = recipe, position_embedding_kind
     rows = []
     for r in load_reported("attndistill", "table7_network_configs").itertuples():
@@ -573,7 +505,7 @@ def table_7(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
         for model, (role, kw, pe) in shapes.items():
             c = config_row(kw, P["img_size"])
             rows.append(dict(setting=f"ours ({profile}, {P['img_size']} px)", role=role, model=model, pe=pe,
-                             layers=c["layers"], dim=c["dim"], heads=c["heads"], patch_size=c["patch_size"],
+                             **{k: c[k] for k in ("layers", "dim", "heads", "patch_size")},
                              **{f"num_tokens (ours, {profile})": c["num_tokens"], f"params_m (ours, {profile})": c["params_m"]}))
     return pd.DataFrame(rows), (
         "Network configurations (Table 7). Paper rows: as printed, with tokens and parameters recomputed for "
@@ -593,11 +525,9 @@ def _recipe_rows(train: Mapping) -> dict:
             "augmentation": "RandomResizedCrop (scale 0.2-1) + flip"}
 
 def table_8(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 8: the paper's distillation settings (with their conditions) beside this profile's two recipes, the
-    headline (Figure 6) and the short one (Table 10 / Figure 8). Returns (table, caption)."""
-    P = recipe
+    "Table 8: the paper's distillation settings beside this profile's headline and short recipes: (table, caption)."
     rep8 = load_reported("attndistill", "table8_pretrain_settings")
-    head_r, short_r = _recipe_rows(P["headline"]["train"]), _recipe_rows(P["short"]["train"])
+    head_r, short_r = _recipe_rows(recipe["headline"]["train"]), _recipe_rows(recipe["short"]["train"])
     rows = []
     for key in head_r:
         paper_vals = rep8[rep8.config == key]
@@ -605,7 +535,7 @@ def table_8(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
         rows.append({"config": key, "paper": pv or "-", f"ours, {profile}: headline (Fig. 6)": head_r[key],
                      f"ours, {profile}: Table 10 / Fig. 8 rows": short_r[key]})
     return pd.DataFrame(rows), (
-        f"Distillation pre-training settings (Table 8) beside ours; data: {train_note(P)}. "
+        f"Distillation pre-training settings (Table 8) beside ours; data: {train_note(recipe)}. "
         "Loss = PA (CLS regression through a 4-layer projector) + 0.1 x KL on the last block's CLS attention.")
 
 def table_9(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
@@ -624,9 +554,6 @@ def table_9(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
                 f"k-NN: DINO's weighted vote, T = 0.07, k in {E['ks']}.")
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #bae2ffbb
-from ..core import config_hash
-from ..verdicts import arm, pilot_table, pooled_sd
-
 def pilot_order(pilot: Mapping) -> list[tuple[str, int]]:
     "The pilot's runs (method, seed), seed by seed across both arms (PA 0, AD 0, PA 1, ...): an interruption leaves pairs."
     return [(m, s) for s in sorted({s for v in pilot["arm_seeds"].values() for s in v}) for m in ("pa", "ad")
@@ -634,9 +561,8 @@ def pilot_order(pilot: Mapping) -> list[tuple[str, int]]:
 
 def table_pilot(recipe: Mapping, runs: Mapping[str, list], teacher_q: Mapping, n_cls: int, n_val: int,
                 n_train: int) -> tuple[pd.DataFrame, str]:
-    """The pilot table (`verdicts.pilot_table`, linear probe and 20-NN) of the PA and AttnDistill runs {"pa": [...],
-    "ad": [...]}, with the teacher's own score beside them and the paper's Table 10 gain as the effect to detect.
-    Returns (table, caption)."""
+    """The pilot table (`verdicts.pilot_table`, LP and 20-NN) of the runs {"pa": [...], "ad": [...]}, the teacher's
+    score beside them, the paper's Table 10 gain as the effect to detect. Returns (table, caption)."""
     P, PL = recipe, recipe["pilot"]
     rep10 = load_reported("attndistill", "table10_ablation_full").set_index("seed_line")
     paper_gain = rep10.loc[128, "top1_lp"] - rep10.loc[127, "top1_lp"]   # 12 layers, 3 heads, patch 16: AttnDistill - PA
@@ -664,21 +590,17 @@ def table_pilot(recipe: Mapping, runs: Mapping[str, list], teacher_q: Mapping, n
            " Effects treat each arm's val-set error as independent (runs without per-image hits)."))
 
 def pilot_reuse(recipe: Mapping, head_keys, fig_idx: Sequence[int] = ()) -> tuple[list, list]:
-    """Which headline runs (method, seed) are the pilot's seeds, and which of those have a config differing from the
-    pilot's run (so would retrain it; with `schedule: pilot` there must be none). Returns (shared, differ)."""
-    PL = recipe.get("pilot")
+    "(headline runs (method, seed) that are pilot seeds, those whose config differs from the pilot's: would retrain)."
     cfg = lambda m, sc, s: variant_config(recipe, f"base_{m}", sc, s, fig_idx)
-    shared = [(m, s) for m, s in head_keys if PL and s in PL["arm_seeds"][m]]
+    shared = [(m, s) for m, s in head_keys if recipe.get("pilot") and s in recipe["pilot"]["arm_seeds"][m]]
     return shared, [k for k in shared if config_hash(cfg(k[0], "headline", k[1])) != config_hash(cfg(k[0], "pilot", k[1]))]
 
 def table_figure_6(recipe: Mapping, head: Mapping, teacher_q: Mapping, n_train: int) -> tuple[pd.DataFrame, str]:
-    """Figure 6 as numbers: the teacher and the headline students {(method, seed): run}, LP and 20-NN top-1 as mean,
-    std and count over seeds per method. Returns (table, caption)."""
+    "Figure 6 as numbers: teacher and headline students {(method, seed): run}, LP / 20-NN mean, std, count."
     P = recipe
     rows = [dict(model="teacher (MAE)", method="-", seed="-", lp_top1=teacher_q["lp_top1"], knn20_top1=teacher_q["knn20_top1"])]
-    for (m, s), r in head.items():
-        rows.append(dict(model="student", method={"pa": "PA (no AttnDistill)", "ad": "AttnDistill"}[m], seed=s,
-                         lp_top1=r["eval"]["0"]["lp_top1"], knn20_top1=r["eval"]["0"]["knn20_top1"]))
+    rows += [dict(model="student", method={"pa": "PA (no AttnDistill)", "ad": "AttnDistill"}[m], seed=s,
+                  **{k: r["eval"]["0"][k] for k in ("lp_top1", "knn20_top1")}) for (m, s), r in head.items()]
     summ = pd.DataFrame(rows).groupby(["model", "method"], sort=False)[["lp_top1", "knn20_top1"]].agg(["mean", "std", "count"])
     summ.columns = [f"{a} {b}" for a, b in summ.columns]
     recipe_note = " (the pilot's recipe)" if "schedule" in P["headline"] else ""
@@ -688,8 +610,7 @@ def table_figure_6(recipe: Mapping, head: Mapping, teacher_q: Mapping, n_train: 
         "Paper values: in the main paper's Table 2 (not in the seed).")
 
 def runs_arm(runs: list, key: str, layer: int, name: str, n_test: int, seeds=(), **noise) -> Arm:
-    """An Arm over runs (of `seeds`, in order: arms of the same seeds are blocked by seed); a HitArm, compared paired,
-    when every run stored its per-image hits (`*_correct`)."""
+    "An Arm over runs (of `seeds`, in order); a `HitArm` (compared paired) when every run stored its `*_correct`."
     ev = [r["eval"][str(layer)] for r in runs]
     vals, hits = [e[key] for e in ev], [e.get(key.replace("_top1", "_correct")) for e in ev]
     if all(h is not None for h in hits): return hit_arm(vals, hits, name, n_test=n_test, seeds=seeds, **noise)
@@ -710,8 +631,7 @@ def table10_in_profile(recipe: Mapping, rows: pd.DataFrame | None = None) -> pd.
     """The rows of `table10_rows` this profile's Table 10 has: every row, but a (d)/(e) sweep row only where its value is
     in the profile's list. Raises if a run of `variants` has no row (the map must name every run)."""
     rows = table10_rows() if rows is None else rows
-    unmapped = sorted(set(variants(recipe)) - set(rows.variant))
-    if unmapped:
+    if unmapped := sorted(set(variants(recipe)) - set(rows.variant)):
         raise ValueError(f"VARIANTS {unmapped} have no row in papers/attndistill/table10_rows.csv: add one row per run")
     keep = [r.study not in SWEEPS or float(r.param) in [float(v) for v in recipe[SWEEPS[r.study]]] for r in rows.itertuples()]
     return rows[keep]
@@ -721,9 +641,8 @@ def row_variant(recipe: Mapping, r) -> str | None:
     return r.variant if r.variant and variants(recipe)[r.variant][0] in recipe["students"] else None
 
 class ShortRows:
-    """Table 10 / Figure 8 rows at the short schedule, on their runs: `short` {variant: its seed-0 run} and `ref_runs`
-    {(variant, seed): run} of the reference pair `REF_VARS`. A row's number is the mean over its runs (the pair's seeds,
-    else seed 0 alone); its Arm borrows the seed sd pooled over the pair (`spread`, in words `spread_note`)."""
+    """Table 10 / Figure 8 rows at the short schedule on `short` {variant: seed-0 run} and the reference pair's
+    `ref_runs` {(variant, seed): run}: a row's mean over its runs, its Arm with the pair's pooled seed sd (`spread`)."""
     def __init__(self, recipe: Mapping, rows: pd.DataFrame, short: Mapping, ref_runs: Mapping, n_val: int):
         self.P, self.rows, self.short, self.ref_runs, self.n_val = recipe, rows, short, ref_runs, n_val
         self.ref_seeds = recipe["short"].get("ref_seeds", [0])
@@ -739,7 +658,6 @@ class ShortRows:
         self._arms = {}
 
     def variant(self, key_or_row) -> str | None:
-        "`row_variant` of a row (or its key)."
         return row_variant(self.P, self.rows.loc[key_or_row] if isinstance(key_or_row, str) else key_or_row)
 
     def runs(self, var: str) -> list:
@@ -751,11 +669,6 @@ class ShortRows:
         v = [r["eval"][str(layer)].get(key) for r in self.runs(var)]
         return None if None in v else float(np.mean(v))
 
-    def lp(self, key: str) -> float:
-        "LP top-1 of a row (by key) at its eval layer."
-        r = self.rows.loc[key]
-        return self.val(self.variant(r), int(r.eval_layer))
-
     def arm(self, var: str, layer: int = 0, key: str = "lp_top1") -> Arm:
         "A row's Arm with the borrowed sd (one Arm per run and layer: a run is never compared with itself)."
         if (var, layer, key) not in self._arms:
@@ -764,9 +677,9 @@ class ShortRows:
                                                    sd_seed=sd, sd_df=df)
         return self._arms[var, layer, key]
 
-    def which(self, a: Arm) -> tuple | None:
-        "(variant, layer, metric) of an Arm that `arm` built, or None (an Arm from elsewhere, e.g. the headline's)."
-        return next((k for k, x in self._arms.items() if x is a), None)
+    def which(self, a: Arm) -> str | None:
+        "The variant of an Arm that `arm` built, or None (an Arm from elsewhere, e.g. the headline's)."
+        return next((k[0] for k, x in self._arms.items() if x is a), None)
 
     def shares(self, var: str) -> dict:
         "Each loss term's part of the last epoch's total loss of a row's seed-0 run (`loss_shares`)."
@@ -784,32 +697,27 @@ class ShortRows:
                              for r in self.rows[self.rows.study == study].itertuples()])
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #88537d9c
-from ..report import side_by_side
-
 OFFICIAL_PROJ_LAYERS = 4   # wangkai930418/attndistill: a 4-layer MLP projector; Table 10-d's 8 layers go beyond it
 
 def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
     """Table 10, all groups: per row of `S.rows` the paper's LP top-1/top-5 and ours (mean over the row's runs at its
-    eval layer), 20-NN top-1 and the loss terms' shares of the seed-0 run; rows no run reproduces say why.
-    Returns (table, caption)."""
+    eval layer), 20-NN top-1 and the loss terms of the seed-0 run; rows no run reproduces say why."""
     P = S.P
     rep10 = load_reported("attndistill", "table10_ablation_full").set_index("seed_line")
-    rows = []
+    rows, ours = [], lambda c: f"{c} (ours, {profile})"
     for r in S.rows.itertuples():
         line, var, j = (None if pd.isna(r.seed_line) else int(r.seed_line)), S.variant(r), int(r.eval_layer)
         row = dict(group=f"({r.group})", study=r.study, row=r.row, seed_line=line,
-                   **{"top1_lp (paper)": rep10.top1_lp.get(line) if line else None,
-                      "top5_lp (paper)": rep10.top5_lp.get(line) if line else None})
-        ours = f"top1_lp (ours, {profile})"
+                   **{f"{c} (paper)": rep10[c].get(line) if line else None for c in ("top1_lp", "top5_lp")})
         if var is None:
-            row[ours] = "not reproducible offline: " + r.unavailable.format(img_size=P["img_size"])
+            row[ours("top1_lp")] = "not reproducible offline: " + r.unavailable.format(img_size=P["img_size"])
         else:
             sh = S.shares(var)
-            row.update({ours: S.val(var, j), f"top5_lp (ours, {profile})": S.val(var, j, "lp_top5"),
-                        f"knn20_top1 (ours, {profile})": S.val(var, j, "knn20_top1"), "seeds": len(S.runs(var)),
-                        f"L_feat (ours, {profile})": sh["feat"], f"L_a raw (ours, {profile})": sh["attn_raw"],
-                        f"lambda x L_a (ours, {profile})": sh["attn_weighted"],
-                        f"attn term % of loss (ours, {profile})": 100 * sh["attn_share"], "variant": var})
+            row.update({ours("top1_lp"): S.val(var, j), ours("top5_lp"): S.val(var, j, "lp_top5"),
+                        ours("knn20_top1"): S.val(var, j, "knn20_top1"), "seeds": len(S.runs(var)),
+                        ours("L_feat"): sh["feat"], ours("L_a raw"): sh["attn_raw"],
+                        ours("lambda x L_a"): sh["attn_weighted"], ours("attn term % of loss"): 100 * sh["attn_share"],
+                        "variant": var})
         row["note"] = ""
         if var and r.group == "d" and int(r.param) > OFFICIAL_PROJ_LAYERS:
             lp, floor = S.val(var, j), (S.P.get("pilot") or {}).get("floor")
@@ -820,9 +728,9 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
         rows.append(row)
     t10 = pd.DataFrame(rows)
     t10["seed_line"], t10["seeds"] = t10.seed_line.astype("Int64"), t10.seeds.astype("Int64")
-    t10.attrs["floatfmt"] = {**{f"{c} (ours, {profile})": ".3g" for c in ("L_feat", "L_a raw", "lambda x L_a")},
-                             f"top1_lp (ours, {profile})": ".2f",   # numbers beside the unavailable rows' reasons
-                             f"attn term % of loss (ours, {profile})": ".1f"}   # the losses are ~1e-3: 2 decimals show 0
+    t10.attrs["floatfmt"] = {**{ours(c): ".3g" for c in ("L_feat", "L_a raw", "lambda x L_a")},
+                             ours("top1_lp"): ".2f",   # numbers beside the unavailable rows' reasons
+                             ours("attn term % of loss"): ".1f"}   # the losses are ~1e-3: 2 decimals show 0
     return t10, (
         "Table 10, all six groups: linear-probe top-1/top-5 (%); ours at the SHORT schedule "
         f"({P['short']['train']['epochs']} epoch(s) over {train_note(P)}; seed 0, or the mean over the reference pair's "
@@ -838,8 +746,7 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
         + f"Claims on these rows: {S.spread_note}.")
 
 def table_10_reference(teacher_q: Mapping, curves: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 10's header: the paper's teacher and MAE-only student beside ours (the teacher's quality run and the final
-    point of Figure 7's student-size MAE curve). Returns (table, caption)."""
+    "Table 10's header: the paper's teacher and MAE-only student beside ours (quality run, Figure 7's last point)."
     ref = load_reported("attndistill", "table10_reference_models")
     ours = pd.DataFrame([dict(role="teacher", top1_lp=teacher_q["lp_top1"], top5_lp=teacher_q["lp_top5"]),
                          dict(role="student", top1_lp=curves["student"]["curve"][-1]["lp_top1"], top5_lp=None)])
@@ -848,8 +755,7 @@ def table_10_reference(teacher_q: Mapping, curves: Mapping, profile: str) -> tup
 
 def figure_attention(i: int, image: torch.Tensor, teacher_q: Mapping, teacher_grid, short: Mapping,
                      methods: Mapping[str, str], val_eval, img_i: int) -> tuple:
-    """Figure 9 + i: `plot_cls_attention` of val image `img_i` (the i-th figure image) for the teacher and the runs
-    {label: variant} of `methods`. Returns (figure, its rows of the KL table)."""
+    "Figure 9 + i: `plot_cls_attention` of image `img_i` for the runs {label: variant}: (figure, its KL rows)."
     students = {name: (short[v]["fig_maps"][i], short[v]["grid"]) for name, v in methods.items()}
     fig, kls = plot_cls_attention(image, torch.tensor(teacher_q["fig_maps"])[i], teacher_grid, students,
                                   f"Figure {9 + i}: val image {img_i}")
@@ -866,13 +772,11 @@ def table_attention_kl(rows: list[dict]) -> tuple[pd.DataFrame, str]:
 HEAD_ARM = {"base_pa": "pa", "base_ad": "ad"}   # the headline runs are the base student's PA and AttnDistill
 
 def claim_getter(S: ShortRows, head: Mapping, seeds: Sequence[int]) -> Callable:
-    """`get(key, metric, schedule)` for `attndistill_claims` on our runs: a Table 10 row's Arm at the short schedule
-    (`S.arm`), or at the `headline` schedule the headline Arms `head` {(method, metric): Arm}; else why there is none."""
+    "`attndistill_claims`'s `get` on our runs: a row's `S.arm`, its `head` Arm at the `headline` schedule, or why not."
     def get(key: str, metric: str = "lp_top1", schedule: str = "short"):
         if key not in S.rows.index: return "not in this profile's Table 10"
-        r = S.rows.loc[key]
-        var = S.variant(r)
-        if var is None: return r.unavailable.format(img_size=S.P["img_size"]) or "no run reproduces this row"
+        if (var := S.variant(r := S.rows.loc[key])) is None:
+            return r.unavailable.format(img_size=S.P["img_size"]) or "no run reproduces this row"
         if schedule == "headline":
             if len(seeds) < 2: return "one headline seed: no seed spread measured"
             return head[HEAD_ARM[var], metric] if var in HEAD_ARM else f"{var} has no headline runs"
@@ -880,22 +784,16 @@ def claim_getter(S: ShortRows, head: Mapping, seeds: Sequence[int]) -> Callable:
     return get
 
 # %% ../../nbs/16b_attndistill_paper.ipynb #5e1fa7a1
-from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Agreement, arm_agreement, arms_differ,
-                                at_least, gap_resolved, gate)
-
 GATE_KINDS = {"knn": "k-NN", "linear": "linear-probe", "finetune": "fine-tuning"}
 # % : how often two seeds of one arm agree where the library's INERT_TOLERANCE (1 point) applies as it stands: the
 # project's CIFAR-10 mini arms (76-85 %, the level nbs/17_verdicts.ipynb quotes beside it)
 INERT_REF_WITHIN = 80.0
 
 def teacher_gates(teacher, profile: str = "mini", root=None) -> dict:
-    """The gates the teachers notebook recorded for a named teacher (`table_gates.csv` of `outputs/teachers` at
-    `profile`): {"knn" | "linear" | "finetune": (met, "gate: measured")}; {} for a teacher without a record (the smoke
-    profile's tiny teacher, a user's own)."""
+    "A named teacher's gates in `outputs/teachers` at `profile`: {knn | linear | finetune: (met, what)}; {} if none."
     from attnrepro.runner import output_dir
-    if not isinstance(teacher, str): return {}
-    p = output_dir("teachers", profile, root) / "table_gates.csv"
-    if not p.exists(): return {}
+    if not isinstance(teacher, str) or not (p := output_dir("teachers", profile, root) / "table_gates.csv").exists():
+        return {}
     g = pd.read_csv(p)
     kind = lambda s: "knn" if s.startswith("knn") else "linear" if s.startswith("linear") else "finetune"
     return {kind(r.gate): (r.verdict == "met", f"{r.gate}: {r.measured}") for r in g[g.teacher == teacher].itertuples()}
@@ -907,30 +805,23 @@ def teacher_gate(gates: Mapping, kind: str, teacher) -> Verdict:
     return gate(met, f"teacher {teacher}'s {GATE_KINDS[kind]} gate ({what})")
 
 def seed_agreement(arms: Sequence[Arm]) -> tuple[float, int]:
-    """(agreement %, seed pairs), pooled over every pair of seeds within each arm that carries per-image hits: how often
-    two seeds of one arm agree."""
+    "(agreement %, seed pairs) pooled over every pair of seeds within each arm that carries per-image hits."
     pairs = [100 * float((x.hits[i] == x.hits[j]).mean())
              for x in arms if x.hits is not None for i in range(x.n) for j in range(i + 1, x.n)]
     return (float(np.mean(pairs)) if pairs else float("nan")), len(pairs)
 
 def inert_tolerance(within: float, ref_within: float = INERT_REF_WITHIN) -> float:
-    """`verdicts.INERT_TOLERANCE` scaled to a regime whose seeds agree on `within` % of the test images: the same share
-    of the images two seeds *disagree* on as the library's 1 point is where seeds agree on `ref_within` %, never more
-    than 1 point: 1 x (100 - within) / (100 - ref_within). At the mini profile (within 94.5 %): 0.28 point. Without a
-    seed-to-seed agreement (nan): the library's."""
+    """`verdicts.INERT_TOLERANCE` scaled to a regime whose seeds agree on `within` % of the test images, never above it:
+    1 x (100 - within) / (100 - ref_within) (mini, within 94.5 %: 0.28 point); without `within` (nan): the library's."""
     if not math.isfinite(within): return INERT_TOLERANCE
     return min(INERT_TOLERANCE, INERT_TOLERANCE * (100 - within) / (100 - ref_within))
 
 def pair_agreement(a: Arm, b: Arm, ref_within: float = INERT_REF_WITHIN) -> Agreement:
-    """`verdicts.arm_agreement` of arms `a` and `b` (per-image hits; seed i of one is seed i of the other), its
-    tolerance `inert_tolerance` of the arms' own seed-to-seed agreement (`within`)."""
+    "`verdicts.arm_agreement` of `a` and `b` with the tolerance `inert_tolerance` of their own seed agreement."
     return arm_agreement(a, b, tolerance=inert_tolerance(arm_agreement(a, b).within, ref_within))
 
 def arms_not_inert(a: Arm, b: Arm, fix: str = INERT_FIX, ref_within: float = INERT_REF_WITHIN) -> Verdict:
-    """Precondition: arms `a` and `b` are not inert, by the library's rule (`verdicts.arms_differ`: inert when they agree
-    across seeds about as often as one arm with itself across seeds, or seed for seed on >= IDENTICAL_AGREEMENT % of
-    the images) with its tolerance scaled to the arms' seed noise (`inert_tolerance`). Arms without two seeds each get
-    the near-identity test only (the across-seed agreement needs two seeds on both), as the library does."""
+    "Precondition: `a` and `b` are not inert (`verdicts.arms_differ`, its tolerance scaled by `inert_tolerance`)."
     if a.hits is None or b.hits is None: return arms_differ(a, b, fix=fix)
     ag = pair_agreement(a, b, ref_within)
     v = arms_differ(a, b, tolerance=ag.tolerance, fix=fix)
@@ -941,10 +832,8 @@ def arms_not_inert(a: Arm, b: Arm, fix: str = INERT_FIX, ref_within: float = INE
     return v
 
 class FairTest:
-    """`pre` of `attndistill_claims` on our runs: the preconditions of each compared part `a - b` (see the text above).
-    `S`: the short-schedule rows (their reference pair's agreements are quoted by `table_agreement`); `teacher_q`: the
-    teacher's quality run; `gates`: `teacher_gates`; `floor`: the regime's floor (%; None: none). Every agreement it
-    measured is kept in `checks` (`table_agreement`)."""
+    """`pre` of `attndistill_claims` on our runs (see the text above), from the short rows `S`, the teacher's quality
+    run, its `teacher_gates` and the regime's `floor` (None: none); every agreement it measures is kept in `checks`."""
     def __init__(self, S: ShortRows, teacher_q: Mapping, gates: Mapping, floor: float | None, teacher: str = "teacher"):
         self.S, self.tq, self.gates, self.floor, self.teacher = S, teacher_q, gates, floor, teacher
         ref = [S.ref[v, "lp_top1"] for v in REF_VARS]
@@ -953,19 +842,11 @@ class FairTest:
         self.ref_same_seed = (arm_agreement(*ref[::-1]).same_seed if all(x.hits is not None for x in ref)
                               else float("nan"))
         self.checks: list[dict] = []
-    def teacher_arm(self, metric: str) -> Arm:
-        "The teacher's score as an exact Arm with its test-set noise (paired where its quality run stored hits)."
-        hits = self.tq.get(metric.replace("_top1", "_correct"))
-        return arm(self.tq[metric], "teacher", n_test=self.S.n_val, sd_seed=0.0, hits=[hits] if hits else None)
-
-    def _var(self, a: Arm) -> str | None:
-        w = self.S.which(a)
-        return w[0] if w else None
 
     def fix(self, a: Arm, b: Arm) -> str:
         "The fix of an inert pair: the attention weight that would give its term the base student's share, where it has one."
         S = self.S
-        have = [v for v in dict.fromkeys((self._var(a), self._var(b))) if v and S.shares(v)["attn_raw"] > 0]
+        have = [v for v in dict.fromkeys((S.which(a), S.which(b))) if v and S.shares(v)["attn_raw"] > 0]
         if not have or "base_ad" not in S.short: return INERT_FIX
         target = S.attn_share("base_ad")
         def need(v):   # lambda' with lambda' L_a / (other + lambda' L_a) = target, the other terms held fixed
@@ -979,40 +860,38 @@ class FairTest:
             "non-aggregated base student, to first order), or a longer schedule")
 
     def __call__(self, claim: str, label: str, a: Arm, b: Arm) -> list[Verdict]:
-        metric = "knn20_top1" if label.startswith("k-NN") else "lp_top1"
-        name = {"lp_top1": "linear-probe", "knn20_top1": "20-NN"}[metric]
+        metric, name = ("knn20_top1", "20-NN") if label.startswith("k-NN") else ("lp_top1", "linear-probe")
         out = []
         if claim == "1":
             out.append(teacher_gate(self.gates, "knn" if metric != "lp_top1" else "linear", self.teacher))
-            gap = difference(self.teacher_arm(metric), b, f"teacher - PA ({name})")
+            hits = self.tq.get(metric.replace("_top1", "_correct"))   # the teacher: exact, with its test-set noise
+            teacher = arm(self.tq[metric], "teacher", n_test=self.S.n_val, sd_seed=0.0, hits=[hits] if hits else None)
+            gap = difference(teacher, b, f"teacher - PA ({name})")
             out.append(gap_resolved(gap, f"the teacher's {name} lead over the PA student"))
         if self.floor is not None:
             for x in dict.fromkeys((b, a)):
-                v = self._var(x)
+                v = self.S.which(x)
                 depth = {**BASE_OPTS, **self.S.opts[v][1]}["proj_layers"] if v else OFFICIAL_PROJ_LAYERS
                 what = (x.name if metric in x.name else f"{x.name} {name}") + (
                     f" ({depth}-layer projector, beyond the official code's {OFFICIAL_PROJ_LAYERS})"
                     if depth > OFFICIAL_PROJ_LAYERS else "")
                 out.append(at_least(x.mean, self.floor, what))
         if not (claim == "4" and ": layer" in label) and a is not b:
-            v = arms_not_inert(a, b, fix=self.fix(a, b))
-            out.append(v)
+            out.append(v := arms_not_inert(a, b, fix=self.fix(a, b)))
             if a.hits is not None and b.hits is not None:
                 ag = pair_agreement(a, b)
                 across = math.isfinite(ag.between) and math.isfinite(ag.within)
-                share = lambda x: (100 * self.S.attn_share(self._var(x))) if self._var(x) else float("nan")
+                share = lambda x: (100 * self.S.attn_share(self.S.which(x))) if self.S.which(x) else float("nan")
                 self.checks.append({"claim": claim, "part": label, "a": a.name, "b": b.name, "seeds": f"{a.n} / {b.n}",
                                     "same-seed %": ag.same_seed, "across-seed %": ag.between, "within %": ag.within,
                                     "tolerance": ag.tolerance if across else float("nan"),
-                                    "test": "across seeds" if across else
-                                            f"near-identity only (one seed; same seed >= {IDENTICAL_AGREEMENT:g} %)",
-                                    "inert": v.verdict != "holds", "attn % of loss (a)": share(a),
-                                    "attn % of loss (b)": share(b)})
+                                    "test": "across seeds" if across else f"near-identity only (one seed; same seed >= "
+                                    f"{IDENTICAL_AGREEMENT:g} %)", "inert": v.verdict != "holds",
+                                    **{f"attn % of loss ({n})": share(x) for n, x in (("a", a), ("b", b))}})
         return out
 
 def table_agreement(ft: FairTest) -> tuple[pd.DataFrame, str]:
-    """Every compared pair's per-image agreement: same seed, across seeds, and one arm with itself across seeds
-    (`FairTest.checks`). Returns (table, caption)."""
+    "Every compared pair's per-image agreement (`FairTest.checks`): same seed, across seeds, within one arm."
     t = pd.DataFrame(ft.checks).drop_duplicates(subset=["claim", "part", "a", "b"])
     return t, (
         "Per-image agreement (%) of every pair the claims compare (LP hits, or 20-NN hits for claim 1's k-NN part), as "
@@ -1042,10 +921,6 @@ def regime(recipe: Mapping, schedule: str, n_train: int, teacher_desc: str = "",
             + (f" ({', '.join(x for x in (teacher_desc, g) if x)})" if teacher_desc or g else "")
             + ("" if tr["epochs"] >= 3200 else "; paper: 3200 epochs on ImageNet-Subset at 224 px"))
 
-def T10_d(S: ShortRows) -> pd.DataFrame:
-    "The projector rows (Table 10-d) claim 4 compares."
-    return S.rows[S.rows.group == CLAIM_ROWS["4"]]
-
 def claim_evidence(S: ShortRows, head: Mapping, seeds: Sequence[int], teacher_q: Mapping,
                    ft: FairTest | None = None) -> dict[str, str]:
     """The evidence line of each claim {id: text}: the numbers it compares, the borrowed seed spread and, after
@@ -1059,18 +934,18 @@ def claim_evidence(S: ShortRows, head: Mapping, seeds: Sequence[int], teacher_q:
             f" {x['same-seed %']:.1f} same seed (one seed: near-identity only)") + (" (inert)" if x["inert"] else "")
         return ("; per-image agreement of the pair (%): " + ", ".join(one(p, x) for p, x in xs.items())) if xs else ""
     floor = (S.P.get("pilot") or {}).get("floor")
-    O = OFFICIAL_PROJ_LAYERS
-    by_depth = {int(n): [S.lp(k) for k in g.key] for n, g in T10_d(S).groupby("param", sort=False)
+    share = lambda key: 100 * S.attn_share(S.variant(key))
+    lp = lambda key: S.val(S.variant(key), int(S.rows.loc[key].eval_layer))   # a row's LP top-1 at its eval layer
+    O, proj = OFFICIAL_PROJ_LAYERS, S.rows[S.rows.group == CLAIM_ROWS["4"]]   # the (d) rows claim 4 compares
+    by_depth = {int(n): [lp(k) for k in g.key] for n, g in proj.groupby("param", sort=False)
                 if all(S.variant(k) for k in g.key)}   # LP at eval layers 0..n
     deep_note = "".join(
         f"; P{n} is beyond the official code's {O}-layer projector: layer 0 {v[0]:.2f} against P{O}'s "
         f"{by_depth.get(O, [math.nan])[0]:.2f}, its layers 1-{n} {min(v[1:]):.2f}-{max(v[1:]):.2f}"
         + (f" (collapsed; below the {floor:g} % floor, so its parts are untestable)" if floor is not None and max(v) < floor
            else "") for n, v in by_depth.items() if n > O and len(v) > 1)
-    T10, lp, share = S.rows, S.lp, lambda key: 100 * S.attn_share(S.variant(key))
     pairs = {k: v for k, v in CLAIM_ROWS["2"].items() if all(S.variant(x) for x in v)}
     kl_key, alts = CLAIM_ROWS["3"]
-    proj = T10_d(S)
     return {
         "1": f"headline (seeds {seeds}): LP {H['pa', 'lp_top1']:.2f} -> {H['ad', 'lp_top1']:.2f}, 20-NN "
              f"{H['pa', 'knn20_top1']:.2f} -> {H['ad', 'knn20_top1']:.2f}; k-NN gap to the teacher "

@@ -4,51 +4,53 @@
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #pboo0004
 from __future__ import annotations
-from typing import Sequence
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from itertools import groupby
+from pathlib import Path
+from typing import Callable, Sequence
 
+import numpy as np
+import pandas as pd
+import timm
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader
 
-from ..models import intermediate_features
-
+from ..attention import attention_maps, on_model_device
 from ..bootstrapping import AgentCNN, build_agent, describe_agent
+from ..core import config_hash
+from ..data import (DATASETS, IMAGENET_MEAN, IMAGENET_STD, class_balanced_subset, denormalize, eval_transform,
+                            get_dataset, train_transform)
+from ..methods import create_method
+from ..models import count_flops, create_student, intermediate_features, teacher_available
+from ..pretrain import get_teacher
+from ..report import load_reported, side_by_side
+from ..scale import ProcessCache, dry_run_steps
+from ..train import CKPT_NAME, TrainConfig, evaluate, fit
+from ..verdicts import (Arm, Verdict, all_of, arm, contrast, gate, greater, pack_correct, pilot_table,
+                                pooled_sd, untestable)
+
 
 # %% auto #0
 __all__ = ['CNN_TIMM', 'VIT_METHODS', 'DEFAULT_LOSS', 'DRY_RUN_IMAGES', 'REGISTRY_NAMES', 'FAR_POINTS', 'SHARED_COST_POINTS',
            'NO_SPREAD', 'CLAIM_TEXTS', 'SHORT', 'COLUMN', 'HEADLINE', 'HEADLINE_LABELS', 'HITS_FIELD', 'AGENT_KEYS',
-           'PAPER_T3', 'PAPER_REGIME', 'NAMES4', 'PadRandomCrop', 'run_transforms', 'load_run_data', 'vit_spec',
-           'agent_options', 'make_agent', 'pretrained_vit', 'teacher_status', 'viz_layers', 'params_of', 'run_config',
-           'curve_eval', 'visualize', 'run_options', 'method_options', 'train_run', 'agent_stages', 'beats',
-           'arm_means', 'claim_joint_lifts_vit', 'claim_joint_beats_sam_sparse', 'claim_vit_above_agent',
-           'claim_sharing_costs_little', 'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps',
-           'claim_sequence_beats_avgpool', 'claim_reslike_beats_base', 'claim_gain_larger_when_scarce',
-           'plot_learning_curves', 'plot_sensitivity', 'plot_layer_removal', 'plot_viz_rows', 'beside',
-           'reason_not_run', 'dataset_labels', 'paper_requirements', 'table_2', 'table_agent_layers', 'pilot_runs',
-           'table_pilot', 'headline_requests', 'headline_arms', 'SeedNoise', 'table_seed_spread', 'teacher_gate',
-           'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs', 'fraction_runnable', 'fraction_regime',
-           'table_3', 'pilot_requests', 'notebook_requests', 'table_4', 'table_5', 'sweep_regime', 'table_sensitivity',
-           'table_layer_removal', 'viz_figures', 'regime', 'fraction_claim_regime', 'dataset_evidence', 'table4_arms',
-           'table5_arms', 'fraction_arms', 'fraction_evidence']
+           'PAPER_T3', 'NAMES4', 'PadRandomCrop', 'run_transforms', 'load_run_data', 'vit_spec', 'agent_options',
+           'make_agent', 'teacher_status', 'viz_layers', 'params_of', 'run_config', 'curve_eval', 'visualize',
+           'run_options', 'method_options', 'train_run', 'agent_stages', 'beats', 'arm_means', 'claim_joint_lifts_vit',
+           'claim_joint_beats_sam_sparse', 'claim_vit_above_agent', 'claim_sharing_costs_little',
+           'claim_both_terms_help', 'claim_feat_beats_kd', 'claim_decay_helps', 'claim_sequence_beats_avgpool',
+           'claim_reslike_beats_base', 'claim_gain_larger_when_scarce', 'plot_learning_curves', 'plot_sensitivity',
+           'plot_layer_removal', 'plot_viz_rows', 'beside', 'reason_not_run', 'dataset_labels', 'paper_requirements',
+           'table_2', 'table_agent_layers', 'pilot_runs', 'table_pilot', 'headline_arms', 'SeedNoise',
+           'table_seed_spread', 'teacher_gate', 'table_1', 'fraction_pool', 'fraction_size', 'fraction_epochs',
+           'fraction_runnable', 'fraction_regime', 'table_3', 'pilot_requests', 'notebook_requests', 'table_4',
+           'table_5', 'sweep_regime', 'table_sensitivity', 'table_layer_removal', 'viz_figures', 'regime',
+           'fraction_claim_regime', 'dataset_evidence', 'table4_arms', 'table5_arms', 'fraction_arms',
+           'fraction_evidence']
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #cb3f6e7e
-import json
-from collections.abc import Mapping
-from pathlib import Path
-
-import numpy as np
-import timm
-from torch.utils.data import DataLoader
-
-from ..attention import attention_maps, on_model_device
-from ..data import DATASETS, IMAGENET_MEAN, IMAGENET_STD, class_balanced_subset, eval_transform, get_dataset
-from ..data import train_transform
-from ..models import count_flops, create_student, teacher_available
-from ..pretrain import get_teacher
-from ..scale import ProcessCache, dry_run_steps
-from ..methods import create_method
-from ..train import CKPT_NAME, TrainConfig, evaluate, fit
-from ..verdicts import pack_correct
-
 CNN_TIMM = {"ResNet50": "resnet50", "EfficientNet-B2": "efficientnet_b2"}
 VIT_METHODS = ("ViT", "ViT-SAM", "ViT-Sparse", "Agent", "Joint", "Shared", "Pretrained")
 DEFAULT_LOSS = dict(adapt="sequence", hint_decay=True, layers=None)
@@ -63,12 +65,10 @@ class PadRandomCrop:
     def __repr__(self): return f"PadRandomCrop(pad={self.pad})"
 
 def run_transforms(img: int, train_crop: Mapping | None = None, eval_crop: bool = True):
-    """(train, eval) per-image transforms of a run's data spec. Defaults: attnrepro.data's weak preset (at > 64 px a
-    random-resized crop at scale 0.08-1, at <= 64 px a padded random crop; flip) and its eval transform (resize to
-    img / 0.875, centre crop). The official pipelines (vit_mutual/data/aug.py; cv_lib's ClassificationDataset resizes to
-    224 after them, bilinear): `train_crop={"pad": p}`: a random crop of the stored size from the image zero-padded by
-    p, flip, resize to `img` (CIFAR: p = 4); `{"scale": [lo, hi]}`: a random-resized crop to `img` of that area range,
-    flip (ImageNet: 0.6-1). `eval_crop=False`: resize to `img`, no crop (the official CIFAR evaluation)."""
+    """(train, eval) transforms of a run's data spec; default: attnrepro.data's weak preset and eval transform. The
+    official pipelines (vit_mutual/data/aug.py, bilinear): `train_crop={"pad": p}` a crop of the stored size from the
+    image zero-padded by p, flip, resize to `img` (CIFAR: p = 4); `{"scale": [lo, hi]}` a random-resized crop of that
+    area range, flip (ImageNet: 0.6-1); `eval_crop=False` resize to `img`, no crop (the official CIFAR evaluation)."""
     from torchvision import transforms as T
     bilinear, tail = T.InterpolationMode.BILINEAR, [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     if train_crop is None: tr = train_transform("weak", img)
@@ -77,23 +77,20 @@ def run_transforms(img: int, train_crop: Mapping | None = None, eval_crop: bool 
     elif set(train_crop) == {"scale"}:
         tr = T.Compose([T.RandomResizedCrop(img, scale=tuple(train_crop["scale"]), interpolation=bilinear),
                         T.RandomHorizontalFlip()] + tail)
-    else:
-        raise ValueError(f"train_crop={dict(train_crop)!r}: expected {{pad: pixels}} or {{scale: [lo, hi]}}")
+    else: raise ValueError(f"train_crop={dict(train_crop)!r}: expected {{pad: pixels}} or {{scale: [lo, hi]}}")
     ev = eval_transform(img) if eval_crop else T.Compose([T.Resize((img, img), bilinear)] + tail)
     return tr, ev
-
-def _base_sets(name: str, val_split: str, img: int, train_crop: Mapping | None = None, eval_crop: bool = True):
-    key = (name, val_split, img, json.dumps(train_crop, sort_keys=True), bool(eval_crop))
-    if key not in _SETS:
-        tr, ev = run_transforms(img, train_crop, eval_crop)
-        _SETS[key] = (get_dataset(name, "train", transform=tr), get_dataset(name, val_split, transform=ev))
-    return _SETS[key]
 
 def load_run_data(d: Mapping):
     "Train subset (class-balanced `fraction`), full val set, fixed curve subset and the number of classes of a data spec."
     if d["name"] not in DATASETS:
         raise ValueError(f"dataset {d['name']!r} is not in attnrepro.data (known: {sorted(DATASETS)}); register it there")
-    tr, va = _base_sets(d["name"], d["val_split"], d["img_size"], d.get("train_crop"), d.get("eval_crop", True))
+    name, crop, eval_crop = d["name"], d.get("train_crop"), d.get("eval_crop", True)
+    key = (name, d["val_split"], d["img_size"], json.dumps(crop, sort_keys=True), bool(eval_crop))
+    if key not in _SETS:   # the full train and val sets, transformed
+        tr, ev = run_transforms(d["img_size"], crop, eval_crop)
+        _SETS[key] = (get_dataset(name, "train", transform=tr), get_dataset(name, d["val_split"], transform=ev))
+    tr, va = _SETS[key]
     sub = tr if d["fraction"] == 1.0 else class_balanced_subset(tr, fraction=d["fraction"], seed=0)
     curve = class_balanced_subset(va, per_class=d["curve_per_class"], seed=0)
     return sub, va, curve, len(tr.classes)
@@ -104,8 +101,7 @@ def vit_spec(recipe: Mapping, size: str, patch: int | None = None) -> dict:
                 **recipe.get("vit_kwargs", {}))
 
 def agent_options(agent: Mapping, shared: bool = False) -> dict:
-    """The registry's agent options (`bootstrap_joint` / `bootstrap_shared`, `bootstrapping.build_agent`) of a run
-    config's `agent`; `mlp_drop` (default 0) the private agent's only: a shared agent's MLP is the ViT's, with its dropout."""
+    "Registry options (`build_agent`) of a config's `agent`; `mlp_drop` a private agent's only (shared: the ViT's MLP)."
     o = dict(agent_arch=agent["arch"], mid_channels=agent["mid_channels"], stem_pool=agent["stem_pool"],
              stem_conv_stride=agent.get("stem_conv_stride", 2))
     if not shared: o["mlp_drop"] = agent.get("mlp_drop", 0.0)
@@ -115,21 +111,11 @@ def make_agent(vit, agent: Mapping, shared: bool = False) -> AgentCNN:
     "The agent of a run config, built as the registry's bootstrap methods build theirs (the lone Agent row, Tables 6/7)."
     return build_agent(vit, shared=shared, **agent_options(agent, shared))
 
-def pretrained_vit(spec, num_classes: int, img_size: int) -> nn.Module:
-    "A pre-trained ViT (`get_teacher(spec)`) with a fresh `num_classes` head at `img_size`, in train mode."
-    m = get_teacher(spec)
-    m.reset_classifier(num_classes)
-    if tuple(m.patch_embed.img_size) != (img_size, img_size):
-        m.set_input_size(img_size=(img_size, img_size))  # bicubic resampling of the position embedding
-    return m.train()
-
 def teacher_status(spec) -> str | None:
     "None if the pre-trained model can be loaded here (`models.teacher_available`), else why not."
     if spec is None: return "none"
-    if not teacher_available(spec):
-        return (f"pending: teacher {spec!r} is not built yet (run `attnrepro reproduce --paper teachers "
-                f"--profile mini`)")
-    return None
+    return None if teacher_available(spec) else (f"pending: teacher {spec!r} is not built yet (run `attnrepro "
+                                                 "reproduce --paper teachers --profile mini`)")
 
 def viz_layers(depth: int) -> list[int]:
     "1-based blocks shown in Tables 8-11: a third, two thirds and all of the depth (paper: 2, 4, 6 of 6)."
@@ -151,8 +137,7 @@ def run_config(recipe: Mapping, method: str, ds: str | None = None, size: str = 
     d = P["datasets"][ds]   # its own epochs / patch_size, when it has them, override the profile's
     if epochs is None: epochs = d.get("epochs")
     cnn = method in CNN_TIMM
-    train = dict(P["train_cnn" if cnn else "train"])
-    train["seed"] = P["seeds"][0] if seed is None else seed
+    train = dict(P["train_cnn" if cnn else "train"], seed=P["seeds"][0] if seed is None else seed)
     if epochs is not None: train["epochs"] = epochs
     data = dict(name=d["name"], val_split=d["val_split"], fraction=d["fraction"] if fraction is None else fraction,
                 img_size=img, curve_per_class=d["curve_per_class"],
@@ -160,9 +145,8 @@ def run_config(recipe: Mapping, method: str, ds: str | None = None, size: str = 
                 **{k: json.loads(json.dumps(d[k])) for k in ("train_crop", "eval_crop") if k in d})
     # `grad_clip` per method: {method: max norm, or {size: max norm}}; a method not listed is not clipped
     clip = train.pop("grad_clip", None)
-    if isinstance(clip, Mapping):
-        clip = clip.get(method)
-        if isinstance(clip, Mapping): clip = clip.get(size)
+    clip = clip.get(method) if isinstance(clip, Mapping) else clip
+    clip = clip.get(size) if isinstance(clip, Mapping) else clip
     if clip is not None: train["grad_clip"] = clip
     cfg = dict(paper="bootstrapping_vit", method=method, data=data, train=train)
     if cnn: cfg["model"] = dict(timm=CNN_TIMM[method])
@@ -176,18 +160,15 @@ def run_config(recipe: Mapping, method: str, ds: str | None = None, size: str = 
         unknown = set(loss) - set(cfg["loss"])
         if unknown: raise ValueError(f"run_config: unknown loss options {sorted(unknown)}; valid: {sorted(cfg['loss'])}")
         cfg["loss"].update(loss)
-    elif loss:
-        raise ValueError(f"run_config: loss options {sorted(loss)} only apply to Joint/Shared, not {method!r}")
+    elif loss: raise ValueError(f"run_config: loss options {sorted(loss)} only apply to Joint/Shared, not {method!r}")
     if method == "ViT-SAM": cfg["sam"] = dict(P["sam"])
     if method == "ViT-Sparse":   # `sparse.vit_kwargs` {size: kwargs}: the Sparse ViT's own timm kwargs (e.g. dropout)
         cfg["sparse"] = {k: v for k, v in P["sparse"].items() if k != "vit_kwargs"}
         cfg["model"].update(json.loads(json.dumps(P["sparse"].get("vit_kwargs", {}).get(size, {}))))
-    main = (ds == P["viz"]["dataset"] and data["fraction"] == d["fraction"]
-            and train["epochs"] == d.get("epochs", P["train"]["epochs"])
-            and size == "S" and train["seed"] == P["seeds"][0] and arch == "res_like" and not loss and patch is None
-            and not agent)
-    if main and method in ("ViT", "Agent", "Joint"):
-        cfg["viz"] = dict(images=list(P["viz"]["images"]))
+    main = (method in ("ViT", "Agent", "Joint") and ds == P["viz"]["dataset"] and data["fraction"] == d["fraction"]
+            and train["epochs"] == d.get("epochs", P["train"]["epochs"]) and train["seed"] == P["seeds"][0]
+            and (size, arch, patch) == ("S", "res_like", None) and not loss and not agent)
+    if main: cfg["viz"] = dict(images=list(P["viz"]["images"]))
     return cfg
 
 def curve_eval(agent):
@@ -204,18 +185,16 @@ def _round(t: torch.Tensor, nd: int = 4) -> list:
 @torch.no_grad()
 def visualize(vit, agent, va, images: list[int]) -> dict:
     "Head-averaged attention maps and per-position feature norms of blocks `viz_layers` on two val images."
-    x = torch.stack([va[i][0] for i in images])
-    x = on_model_device(vit if vit is not None else agent, x)   # `fit` leaves the models on the GPU
+    # `fit` leaves the models on the GPU
+    x = on_model_device(vit if vit is not None else agent, torch.stack([va[i][0] for i in images]))
     out = dict(images=images, labels=[int(va[i][1]) for i in images])
     if vit is not None:
         vit.eval()
         L = viz_layers(len(vit.blocks))
-        maps = attention_maps(vit, x, layers=[l - 1 for l in L])
-        feats = intermediate_features(vit, x, [f"blocks.{l - 1}" for l in L])
-        gh, gw = vit.patch_embed.grid_size
-        pre = vit.num_prefix_tokens
-        out.update(layers=L, attn=[_round(m.mean(1)) for m in maps],
-                   vit_feat=[_round(f[:, pre:].norm(dim=-1).reshape(-1, gh, gw)) for f in feats.values()])
+        (gh, gw), pre = vit.patch_embed.grid_size, vit.num_prefix_tokens
+        out.update(layers=L, attn=[_round(m.mean(1)) for m in attention_maps(vit, x, layers=[l - 1 for l in L])],
+                   vit_feat=[_round(f[:, pre:].norm(dim=-1).reshape(-1, gh, gw))
+                             for f in intermediate_features(vit, x, [f"blocks.{l - 1}" for l in L]).values()])
     if agent is not None:
         agent.eval()
         L = viz_layers(agent.depth)
@@ -226,8 +205,7 @@ def visualize(vit, agent, va, images: list[int]) -> dict:
 DRY_RUN_IMAGES = 4   # val images a dry run's final evaluation scores (its numbers are meaningless)
 
 def run_options(recipe: Mapping) -> dict:
-    """What `train_run` reads of the recipe besides the run config (img_size, eval_batch, progress, keep_checkpoints,
-    default true), read once where the notebook binds its run function, so every profile reads them, cached or not."""
+    "What `train_run` reads of the recipe besides its config, bound once by the notebook (so read cached or not)."
     return dict(img_size=recipe["img_size"], eval_batch=recipe["eval_batch"], progress=bool(recipe.get("progress")),
                 keep_checkpoints=recipe.get("keep_checkpoints", True))
 
@@ -237,8 +215,7 @@ REGISTRY_NAMES = {"ViT-SAM": "sam", "ViT-Sparse": "sparse", "Joint": "bootstrap_
 def method_options(config: Mapping, epochs: int) -> dict:
     "`create_method`'s options of a run config: SAM's and ViT-Sparse's own keys; Joint / Shared the loss weights and the agent."
     method = config["method"]
-    if method == "ViT-SAM": return dict(config["sam"])
-    if method == "ViT-Sparse": return dict(config["sparse"])
+    if method in ("ViT-SAM", "ViT-Sparse"): return dict(config[REGISTRY_NAMES[method]])   # config key "sam" / "sparse"
     if method not in ("Joint", "Shared"): return {}
     return dict(config["loss"], epochs=epochs, **agent_options(config["agent"], shared=method == "Shared"))
 
@@ -246,15 +223,16 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     "Train one run config of the bootstrapping_vit notebook (`recipe`: its profile, or its `run_options`); a small JSON-able result."
     torch.manual_seed(config["train"]["seed"])
     tr, va, curve, n_cls = load_run_data(config["data"])
-    img = recipe["img_size"]
-    method, agent, vit, model = config["method"], None, None, None
+    img, method, vit = recipe["img_size"], config["method"], None
     if method in CNN_TIMM:
         model = timm.create_model(config["model"]["timm"], num_classes=n_cls)
     elif method == "Pretrained":
-        model = vit = pretrained_vit(config["model"]["teacher"], n_cls, img)
+        model = vit = get_teacher(config["model"]["teacher"]).train()   # with a fresh head, at the run's input size
+        vit.reset_classifier(n_cls)
+        if tuple(vit.patch_embed.img_size) != (img, img):
+            vit.set_input_size(img_size=(img, img))  # bicubic resampling of the position embedding
     else:
-        vit = create_student("vit", num_classes=n_cls, **config["model"])
-        model = vit
+        model = vit = create_student("vit", num_classes=n_cls, **config["model"])
         if method == "Agent":
             model, vit = make_agent(vit, config["agent"]), None
     cfg = TrainConfig(**config["train"])
@@ -269,10 +247,9 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     # for inert arms (verdicts.arms_differ); a result field, not a config key, so no run's hash changes
     fin = evaluate(model, loader, return_correct=True)
     out = dict(top1=fin["acc1"], top5=fin["acc5"], correct=pack_correct(fin["correct"]), n_train=len(tr), n_val=fin["n"],
-               epochs=res["epochs"],
-               steps=res["steps"], wall_time_s=res["wall_time_s"], params=params_of(model),
-               flops=count_flops(model, img),
-               curve=[dict(epoch=h["epoch"] + 1, vit=h.get("val_acc1"), agent=h.get("val_agent_acc1")) for h in res["history"]],
+               epochs=res["epochs"], steps=res["steps"], wall_time_s=res["wall_time_s"], params=params_of(model),
+               flops=count_flops(model, img), curve=[dict(epoch=h["epoch"] + 1, vit=h.get("val_acc1"),
+                                                          agent=h.get("val_agent_acc1")) for h in res["history"]],
                final_losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")})
     if agent is not None:
         ag = evaluate(agent, loader, return_correct=True)
@@ -283,8 +260,7 @@ def train_run(config: Mapping, ckpt_dir, recipe: Mapping) -> dict:
     if method == "ViT-Sparse":
         out["entmax_alpha"] = [round(float(b.attn.entmax_alpha), 4) for b in vit.blocks]
     if config.get("viz"):
-        out["viz"] = visualize(vit if method != "Agent" else None, agent if method != "Agent" else model, va,
-                               config["viz"]["images"])
+        out["viz"] = visualize(vit, model if method == "Agent" else agent, va, config["viz"]["images"])
     # smoke: ResNet-50/EfficientNet-B2 checkpoints would take ~0.9 GB; a dry run's weights: nothing reads them (its
     # grid of 224 px ViT-B / Agent-B runs would leave gigabytes)
     if not recipe.get("keep_checkpoints", True) or dry_run_steps():
@@ -297,31 +273,19 @@ def agent_stages(rows: list[dict]) -> list[dict]:
     out = [dict(stage="input_projection", spec="; ".join(r["operator"] for r in stem), repeats=1,
                 output=str(stem[-1]["output_shape"]))]
     body = [r for r in rows if r["layer"].startswith("Block") or r["layer"] == "Down-sampling"]
-    groups, cur = [], []
-    for r in body:
-        if r["layer"] == "Down-sampling":
-            groups.append(("blocks", cur)); groups.append(("down", [r])); cur = []
-        else: cur.append(r)
-    if cur: groups.append(("blocks", cur))
-    n_down = sum(g == "down" for g, _ in groups)
-    bi = di = 0
-    for kind, rs in groups:
-        if kind == "blocks":
-            bi += 1
-            ops = {r["operator"] for r in rs}
-            if len(ops) != 1: raise ValueError(f"agent_stages: one stage mixes operators {sorted(ops)}")
-            out.append(dict(stage="blocks" if n_down == 0 else f"blocks_{bi}", spec=rs[0]["operator"].replace(" | ", "; "),
-                            repeats=len(rs), output=str(rs[-1]["output_shape"])))
-        else:
-            di += 1
-            out.append(dict(stage=f"downsample_{di}", spec="Down-sampling", repeats=1, output=str(rs[0]["output_shape"])))
+    n_down, bi, di = sum(r["layer"] == "Down-sampling" for r in body), 0, 0
+    for down, group in groupby(body, key=lambda r: r["layer"] == "Down-sampling"):
+        rs = list(group)
+        ops = {r["operator"] for r in rs}
+        if len(ops) != 1: raise ValueError(f"agent_stages: one stage mixes operators {sorted(ops)}")
+        bi, di = bi + (not down), di + down
+        out.append(dict(stage=f"downsample_{di}" if down else f"blocks_{bi}" if n_down else "blocks",
+                        spec="Down-sampling" if down else rs[0]["operator"].replace(" | ", "; "),
+                        repeats=1 if down else len(rs), output=str(rs[-1]["output_shape"])))
     head = [r for r in rows if r["layer"] == "Head"][0]
-    out.append(dict(stage="head", spec=head["operator"], repeats=1, output=str(head["output_shape"])))
-    return out
+    return out + [dict(stage="head", spec=head["operator"], repeats=1, output=str(head["output_shape"]))]
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #c3081da2
-from ..verdicts import Arm, Verdict, all_of, contrast, difference, gate, greater, untestable
-
 FAR_POINTS = 5.0          # "far above": the paper's smallest ViT-S gain is 7.82 (Table 1)
 SHARED_COST_POINTS = 2.0  # "little cost": the paper's ViT-S Shared is 1.42 / 0.69 below Joint
 NO_SPREAD = "one seed and no measured seed spread in this regime"
@@ -339,16 +303,16 @@ CLAIM_TEXTS = {
     "5": "The gain of Joint over scratch is larger at every scarce fraction (below the largest) than at the largest, "
          "and is a gain (> 0) there"}
 
-def _undecidable(arms: Sequence[Arm], label: str) -> Verdict | None:
-    "untestable when two sides are the same run, or a one-seed row has no seed sd (measured or borrowed)."
+def _greater(terms: Sequence[tuple[float, Arm]], label: str, margin: float = 0.0) -> Verdict:
+    "Claim `terms`' contrast > `margin` on its 95 % interval; untestable if a row repeats or a one-seed row lacks a sd."
+    arms = [a for _, a in terms]
     if len({id(a) for a in arms}) < len(arms): return untestable("both sides are the same run", label)
     lone = [a.name for a in arms if a.n < 2 and a.sd_seed is None]
-    return untestable(f"{NO_SPREAD} ({', '.join(lone)})", label) if lone else None
+    return untestable(f"{NO_SPREAD} ({', '.join(lone)})", label) if lone else greater(contrast(terms, label), margin)
 
 def beats(a: Arm, b: Arm, label: str = "", margin: float = 0.0) -> Verdict:
     "Claim `a - b > margin`, decided on the 95 % interval; untestable when the noise is unknown or a is b."
-    label = label or f"{a.name} - {b.name}"
-    return _undecidable([a, b], label) or greater(difference(a, b, label), margin)
+    return _greater([(1.0, a), (-1.0, b)], label or f"{a.name} - {b.name}", margin)
 
 def _all_of(parts: list[Verdict]) -> Verdict:
     "all_of, in one line when no part has a seed noise (the whole profile ran one seed)."
@@ -367,7 +331,6 @@ def claim_joint_lifts_vit(scratch: dict[str, Arm], joint: dict[str, Arm], margin
     does not hold, the statement also says whether Joint lifts the ViT at all (> 0), which the margin leaves open."""
     v = _all_of([beats(joint[d], scratch[d], f"{d}: Joint - scratch", margin) for d in scratch])
     if v.verdict != "does not hold" or margin <= 0: return v
-    from dataclasses import replace
     at_all = _all_of([beats(joint[d], scratch[d], f"{d}: Joint - scratch") for d in scratch])
     return replace(v, statement=f"{v.statement} (whether Joint lifts the ViT at all, > 0: {at_all.verdict})")
 
@@ -377,8 +340,7 @@ def claim_joint_beats_sam_sparse(joint: dict[str, Arm], sam: dict[str, Arm], spa
                    for name, other in (("SAM", sam), ("Sparse", sparse))])
 
 def claim_vit_above_agent(vit: dict[str, Arm], agent: dict[str, Arm]) -> Verdict:
-    """1c: on every dataset, the jointly trained ViT beats its own agent (both from the same runs, scored on the same
-    images: treating their test noise as independent makes the interval conservative)."""
+    "1c: on every dataset the joint ViT beats its own agent (same runs and images: independent noise is conservative)."
     return _all_of([beats(vit[d], agent[d], f"{d}: Joint ViT - its agent") for d in vit])
 
 def claim_sharing_costs_little(shared: dict[str, Arm], joint: dict[str, Arm], scratch: dict[str, Arm],
@@ -414,21 +376,15 @@ def claim_gain_larger_when_scarce(scratch: dict, joint: dict) -> Verdict:
     """5 (restated: the paper's Table 3 gains are +19.41 / +21.62 / +7.96 at 5 / 10 / 50 %, largest at 10 %, not 5 %):
     dicts fraction (%) -> Arm; at every fraction below the largest, the gain Joint - scratch is > 0 and exceeds the
     gain at the largest fraction (the difference of differences, each row's noise counted once)."""
-    top = max(scratch)
-    parts = []
+    top, parts = max(scratch), []
     for f in sorted(scratch):
         if f == top: continue
-        rows = [joint[f], scratch[f], joint[top], scratch[top]]
-        parts.append(_undecidable(rows[:2], f"gain at {f:g} %") or
-                     greater(contrast([(1, joint[f]), (-1, scratch[f])], f"gain at {f:g} %")))
-        parts.append(_undecidable(rows, f"gain at {f:g} % - gain at {top:g} %") or
-                     greater(contrast([(1, joint[f]), (-1, scratch[f]), (-1, joint[top]), (1, scratch[top])],
-                                      f"gain at {f:g} % - gain at {top:g} %")))
+        gain = [(1, joint[f]), (-1, scratch[f])]
+        parts += [_greater(gain, f"gain at {f:g} %"),
+                  _greater(gain + [(-1, joint[top]), (1, scratch[top])], f"gain at {f:g} % - gain at {top:g} %")]
     return _all_of(parts)
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #92b765ba
-from ..data import denormalize
-
 def plot_learning_curves(panels: Sequence[tuple[str, Sequence[tuple[str, Mapping, str]]]], figsize=(11, 3.0)):
     "Figure 5: one panel per (title, [(label, result, who)]), each line top-1 per evaluated epoch of `result['curve']`'s `who`."
     import matplotlib.pyplot as plt
@@ -438,7 +394,6 @@ def plot_learning_curves(panels: Sequence[tuple[str, Sequence[tuple[str, Mapping
             c = res["curve"]
             ax.plot([p["epoch"] for p in c], [p[who] for p in c], marker="o", ms=3, label=label)
         ax.set_title(title, fontsize=9)
-    for ax in axes:
         ax.set_xlabel("epoch", fontsize=8); ax.tick_params(labelsize=7); ax.legend(fontsize=6)
     axes[0].set_ylabel("top-1 (%, curve subset)", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.92))
@@ -496,16 +451,6 @@ def plot_viz_rows(image: torch.Tensor, rows: Sequence[tuple[str, Mapping, str]],
 
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #d50c97c2
-import json
-from dataclasses import replace
-from typing import Callable
-
-import pandas as pd
-
-from ..core import config_hash
-from ..report import load_reported, side_by_side
-from ..verdicts import arm, pilot_table, pooled_sd
-
 SHORT = "bootstrapping_vit"
 COLUMN = {"c10": "CIFAR-10", "c100": "CIFAR-100",   # the paper's dataset column each of our datasets stands for
           "imagenet": "ImageNet-1k"}                # Table 3's fraction pool at the paper profile
@@ -541,17 +486,13 @@ def table_2(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
                 f"{'; ViT-S/4 and ViT-B/4 are the paper sizes at a quarter of the width' if profile != 'paper' else ''}.")
 
 def table_agent_layers(recipe: Mapping, arch: str, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 6 (`arch` "base") or 7 ("res_like"): our `AgentCNN` of each ViT size as built (`describe_agent` grouped
-    into the paper's stages, 100 classes) beside the paper's strings, with our output shapes. Returns (table, caption)."""
+    """Table 6 (`arch` "base") or 7 ("res_like"): our AgentCNN per ViT size (`agent_stages`) beside the paper's."""
     P = recipe
     tid = {"base": "table6_base_agent_layers", "res_like": "table7_reslike_agent_layers"}[arch]
     stem_note = "" if arch == "base" or P["agent"]["stem_pool"] else " The res-like stem has no max-pool at this profile (see above)."
-    rows = []
-    for s in P["vits"]:
-        v = create_student("vit", num_classes=100, **vit_spec(P, s))
-        for r in agent_stages(describe_agent(make_agent(v, dict(P["agent"], arch=arch)))):
-            rows.append(dict(agent=f"Agent-{s}", **r))
-    ours = pd.DataFrame(rows)
+    vits = {s: create_student("vit", num_classes=100, **vit_spec(P, s)) for s in P["vits"]}
+    ours = pd.DataFrame([dict(agent=f"Agent-{s}", **r) for s, v in vits.items()
+                         for r in agent_stages(describe_agent(make_agent(v, dict(P["agent"], arch=arch))))])
     t = beside(tid, ours, on=["agent", "stage"], values=["spec", "repeats"], profile=profile)
     t = t.merge(ours[["agent", "stage", "output"]].rename(columns={"output": f"output C,h,w (ours, {profile})"}),
                 on=["agent", "stage"], how="left")
@@ -560,10 +501,8 @@ def table_agent_layers(recipe: Mapping, arch: str, profile: str) -> tuple[pd.Dat
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #1a01c886
 def pilot_runs(pilot: Mapping, rnd: Mapping, run: Callable) -> dict[str, list]:
-    """One round of the pilot (`rnd`: the profile's `pilot`, or its `long`; epochs, arm_seeds, joint_ablations,
-    joint_variants) on `run`: ViT from scratch and Joint (ViT + res-like agent) over their arm seeds, then one seed of
-    each loss ablation (which term costs the ViT; they borrow the spread) and each agent / hint variant. Returns
-    {pilot table row: its runs}, scratch first."""
+    """One pilot round (`rnd`: the profile's `pilot`, or its `long`) on `run`: scratch and Joint over `arm_seeds`, then
+    one seed of each `joint_ablations` (they borrow the spread) and `joint_variants` row: {table row: its runs}."""
     epochs, arm_seeds = rnd["epochs"], rnd["arm_seeds"]
     kw = dict(ds=pilot["dataset"], fraction=pilot["fraction"], epochs=epochs, patch=pilot["patch_size"])
     tag = "" if epochs == pilot["epochs"] else f" {epochs} ep"   # names of the first round's runs stay as they were
@@ -581,17 +520,14 @@ def pilot_runs(pilot: Mapping, rnd: Mapping, run: Callable) -> dict[str, list]:
     return runs
 
 def table_pilot(recipe: Mapping, runs: Mapping[str, list], epochs: int) -> tuple[pd.DataFrame, str]:
-    """The pilot table (`verdicts.pilot_table`) of one round's `pilot_runs`: scratch against the floor, the seed spread,
-    each Joint row's effect, and the seeds needed for the paper's Table 1 gain. Returns (table, caption)."""
-    P, PL = recipe, recipe["pilot"]
-    rep1 = load_reported(SHORT, "table1_cifar")
+    "The pilot table (`verdicts.pilot_table`) of one round's `pilot_runs`, and its caption. Returns (table, caption)."
+    P, PL, rep1 = recipe, recipe["pilot"], load_reported(SHORT, "table1_cifar")
     gain = rep1[(rep1.group == "Ours Joint") & (rep1.model == "ViT-S") & (rep1.dataset == "CIFAR-10")].top1_gain.iloc[0]
     d = P["datasets"][PL["dataset"]]
     n_cls = len(get_dataset(d["name"], "train").classes)
     pilot = pilot_table(runs, "ViT (scratch)", chance=100 / n_cls, floor=PL["floor"], claimed={"Joint (ViT)": gain})
-    psd, pdf = pilot.attrs["pooled_sd"]
     agent_accs = ", ".join(f"{r['agent_top1']:.2f}" for r in runs["Joint (ViT)"])
-    r0, v, IMG = runs["ViT (scratch)"][0], P["vits"]["S"], P["img_size"]
+    (psd, pdf), r0, v, IMG = pilot.attrs["pooled_sd"], runs["ViT (scratch)"][0], P["vits"]["S"], P["img_size"]
     return pilot, (
         f"Pilot of the CIFAR-10 regime: {d['name']} {r0['n_train']} train images ({PL['fraction']:.0%}), "
         f"{r0['n_val']} test images, {IMG} px, ViT-S/4 (embed {v['embed_dim']}, depth {v['depth']}, "
@@ -610,65 +546,51 @@ HEADLINE = (("scratch", "ViT", "top1", "scratch", {}), ("joint", "Joint", "top1"
 HEADLINE_LABELS = (("scratch", "ViT-S (scratch)"), ("joint", "ViT-S (Ours Joint)"), ("agent", "Agent-S (Ours Joint)"),
                    ("shared", "ViT-S (Ours Shared)"), ("joint_nohint", "ViT-S (Ours Joint without the feature hint, w_hint 0)"))
 
-def headline_requests(ds: str, seeds: Sequence[int]) -> list[tuple[str, dict]]:
-    "The headline runs of dataset `ds` as (method, run kwargs), seed by seed (a cut-off grid leaves whole seeds)."
-    runs = {(m, json.dumps(loss)): (m, loss) for _, m, _, _, loss in HEADLINE}.values()
-    return [("ViT", dict(ds=ds))] + [(m, dict(ds=ds, seed=s, **loss)) for s in seeds for m, loss in runs]
-
 # the result field of a row's per-image hits (runs trained since they were recorded; older runs lack them)
 HITS_FIELD = {"top1": "correct", "agent_top1": "agent_correct"}
 # the headline rows that are ViTs: their pooled seed sd is what one-seed ViT rows borrow (the agent CNN is another model)
 AGENT_KEYS = tuple(k for k, _, key, _, _ in HEADLINE if key == "agent_top1")
 
 def headline_arms(run: Callable, ds: str, seeds: Sequence[int]) -> dict[str, Arm]:
-    """The headline rows of `ds` as Arms {key: per-seed top-1 on the full val set}, from `run`; with each seed's
-    per-image hits when every run of the row recorded them (then contrasts between such rows are paired)."""
-    n = run("ViT", ds=ds)["n_val"]
-    out = {}
+    "The headline rows of `ds` as Arms {key: per-seed top-1}, with per-image hits where every run has them."
+    n, out = run("ViT", ds=ds)["n_val"], {}
     for k, m, key, name, loss in HEADLINE:
         rs = [run(m, ds=ds, seed=s, **loss) for s in seeds]
         hits = [r.get(HITS_FIELD[key]) for r in rs]
-        out[k] = arm([r[key] for r in rs], name, n_test=n, hits=hits if all(h is not None for h in hits) else None,
-                     seeds=seeds)   # a seed fixes init and data order in every row alike: blocked by seed
+        # a seed fixes init and data order in every row alike: blocked by seed
+        out[k] = arm([r[key] for r in rs], name, n_test=n, hits=None if None in hits else hits, seeds=seeds)
     return out
 
 class SeedNoise:
-    """The seed noise of the profile's runs: per dataset the seed sd pooled over its headline **ViT** Arms `head` {ds:
-    {key: Arm}} (`spread`; None with one seed), which the one-seed ViT rows borrow (`one_seed`), and the sentences
-    captions and evidence give it (`note`, `borrowed`). The agent CNN's headline row is another model with its own
-    spread: it stays out of the pool, and one-seed agent rows borrow its sd instead (`agent_spread`, `one_seed(cnn=True)`)."""
+    """Per dataset the seed sd pooled over the headline **ViT** Arms `head` {ds: {key: Arm}} (`spread`; None with one
+    seed), which one-seed ViT rows borrow (`one_seed`), and its sentences (`note`, `borrowed`). The agent CNN's row is
+    another model, out of the pool: one-seed agent rows borrow its own sd (`agent_spread`, `one_seed(cnn=True)`)."""
     def __init__(self, recipe: Mapping, head: Mapping, ds_label: Mapping[str, str], seeds_of: Mapping[str, list]):
         self.P, self.head, self.ds_label, self.seeds_of = recipe, head, ds_label, seeds_of
-        multi = {ds: len(seeds_of[ds]) > 1 for ds in ds_label}
-        self.spread = {ds: pooled_sd([a for k, a in head[ds].items() if k not in AGENT_KEYS]) if multi[ds] else None
-                       for ds in ds_label}
-        self.agent_spread = {ds: pooled_sd([head[ds][k] for k in AGENT_KEYS if k in head[ds]])
-                             if multi[ds] and any(k in head[ds] for k in AGENT_KEYS) else None for ds in ds_label}
+        def pooled(ds: str, agent: bool) -> tuple | None:   # None with one seed
+            arms = [a for k, a in head[ds].items() if (k in AGENT_KEYS) == agent] if len(seeds_of[ds]) > 1 else []
+            return pooled_sd(arms) if arms else None
+        self.spread, self.agent_spread = ({ds: pooled(ds, agent) for ds in ds_label} for agent in (False, True))
 
     def one_seed(self, res: Mapping, name: str, ds: str, key: str = "top1", cnn: bool = False) -> Arm:
-        """A row run once; its seed sd is borrowed from dataset `ds`'s headline ViT rows when they have several seeds,
-        or for an agent CNN (`cnn`, or `key` 'agent_top1') from the headline agent row."""
-        cnn = cnn or key == "agent_top1"
+        "One run's Arm with `ds`'s headline ViT rows' seed sd (an agent CNN, `cnn` / 'agent_top1': the agent row's)."
         # None also for a dataset without headline rows (the paper's ImageNet pool of Table 3)
-        sd = (self.agent_spread if cnn else self.spread).get(ds)
+        sd = (self.agent_spread if cnn or key == "agent_top1" else self.spread).get(ds)
         return arm([res[key]], name, n_test=res["n_val"], **(dict(sd_seed=sd[0], sd_df=sd[1]) if sd else {}))
 
     def note(self, ds: str, regime: str = "", claims: bool = True, cnn: bool = False) -> str:
-        """Caption / evidence sentence: the seed noise of one-seed rows (`claims`: rows that claims are made on; `cnn`:
-        also the agent CNN rows' own)."""
+        "Caption / evidence sentence: one-seed rows' seed noise (`claims`: claims rest on them; `cnn`: agent's too)."
         if self.spread.get(ds) is None:
             label = self.ds_label.get(ds, self.P["datasets"][ds]["label"])
             seeds_ = self.seeds_of.get(ds, list(self.P["seeds"]))
             return (f"One seed per row and no measured seed spread for {label} at this profile (seeds {seeds_}): "
                     + ("claims on these rows are untestable." if claims else "gaps between rows are not findings."))
-        sd, df = self.spread[ds]
-        n = len(self.seeds_of[ds])
+        (sd, df), n = self.spread[ds], len(self.seeds_of[ds])
         out = (f"{'One-seed ViT rows borrow the' if claims else 'Seed noise: the'} seed sd {sd:.2f} points (df {df:.0f}) "
                f"pooled over the {n}-seed headline ViT rows of {self.ds_label[ds]} (table 1_seed_spread; the agent CNN's "
                "row is another model and stays out of the pool)")
-        if cnn and self.agent_spread.get(ds):
-            asd, adf = self.agent_spread[ds]
-            out += f"; one-seed agent CNN rows borrow the {n}-seed agent row's own sd {asd:.2f} (df {adf:.0f})"
+        if cnn and (a := self.agent_spread.get(ds)):
+            out += f"; one-seed agent CNN rows borrow the {n}-seed agent row's own sd {a[0]:.2f} (df {a[1]:.0f})"
         return out + f"{'; ' + regime if regime else ''}."
 
     def borrowed(self, *dss: str, regime: str = "", cnn: bool = False) -> str:
@@ -677,10 +599,9 @@ class SeedNoise:
 
 def table_seed_spread(noise: SeedNoise) -> tuple[pd.DataFrame, str]:
     "Table 1_seed_spread: each headline row's top-1 over seeds per dataset, and the pooled sd. Returns (table, caption)."
-    L, S = noise.ds_label, noise.spread
+    L, S, A = noise.ds_label, noise.spread, noise.agent_spread
     spread = pd.DataFrame([dict(dataset=L[ds], model=label, seeds=a.n, mean=a.mean, std=a.sd, min=min(a.values),
                                 max=max(a.values)) for ds in L for k, label in HEADLINE_LABELS for a in [noise.head[ds][k]]])
-    A = noise.agent_spread
     pooled = "; ".join(f"{L[ds]} {S[ds][0]:.2f} (df {S[ds][1]:.0f})" if S[ds] else f"{L[ds]} none (one seed)" for ds in L)
     agent = "; ".join(f"{L[ds]} {A[ds][0]:.2f} (df {A[ds][1]:.0f})" for ds in L if A.get(ds))
     return spread, (f"Top-1 (%) of the headline rows over seeds {noise.seeds_of} (std: sample sd over seeds, nan "
@@ -692,16 +613,12 @@ def table_seed_spread(noise: SeedNoise) -> tuple[pd.DataFrame, str]:
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #b8d31f0d
 def _t1_row(group, model, dataset, res=None, key="top1", gain_over=None, note="", dagger=0, shared_agent=False) -> dict:
     "One Table 1 row of a run `res` (None: not run, `note` says why); params / FLOPs per image, FLOPs as MACs."
-    r = dict(group=group, model=model, dagger=dagger, dataset=COLUMN[dataset], top1=np.nan, top1_gain=np.nan,
-             params_m=np.nan, flops_g=np.nan, note=note)
-    if res is not None:
-        agent = key == "agent_top1"
-        r["top1"] = res[key]
-        if not shared_agent:
-            r["params_m"] = res["agent_params" if agent else "params"] / 1e6
-            r["flops_g"] = res["agent_flops" if agent else "flops"] / 2e9  # MACs, as the paper's column
-        if gain_over is not None: r["top1_gain"] = res[key] - gain_over
-    return r
+    ran, who, nan = res is not None, "agent_" if key == "agent_top1" else "", np.nan
+    sized = ran and not shared_agent   # a shared agent's params / FLOPs are its ViT's; FLOPs as MACs, as the paper's
+    return dict(group=group, model=model, dagger=dagger, dataset=COLUMN[dataset], top1=res[key] if ran else nan,
+                top1_gain=res[key] - gain_over if ran and gain_over is not None else nan,
+                params_m=res[who + "params"] / 1e6 if sized else nan,
+                flops_g=res[who + "flops"] / 2e9 if sized else nan, note=note)
 
 def _pretrained_note(recipe: Mapping, s: str, status: str | None, skip: str, profile: str) -> str:
     "Why the pre-trained ViT-`s` row runs as it does, or why it cannot run (`teacher_status` of its spec)."
@@ -721,9 +638,8 @@ def _pretrained_note(recipe: Mapping, s: str, status: str | None, skip: str, pro
                               if isinstance(spec, str) else "tiny smoke teacher fine-tuned")
 
 def teacher_gate(spec, which: str = "fine-tune", root=None) -> Verdict | None:
-    """The gate (`verdicts.gate`, a precondition for `provided`) of the project's teacher `spec` as the teachers notebook
-    measured it (`outputs/teachers/table_gates.csv`, its rows whose gate names `which`: by default the fine-tuning gate,
-    what a 'pre-trained ViT fine-tuned' row rests on); None where no such gate is recorded (a hub or smoke teacher)."""
+    """The gate (`verdicts.gate`) of the project's teacher `spec` as outputs/teachers/table_gates.csv records it (gates
+    naming `which`: by default fine-tuning's, what a pre-trained row rests on); None where none is (a hub teacher)."""
     if not isinstance(spec, str): return None
     from attnrepro.runner import output_dir
     path = output_dir("teachers", "mini", root) / "table_gates.csv"
@@ -736,12 +652,10 @@ def teacher_gate(spec, which: str = "fine-tune", root=None) -> Verdict | None:
 
 def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
             gates: Mapping | None = None) -> tuple[pd.DataFrame, str]:
-    """Table 1 on CIFAR-10 and the CIFAR-100 column, from `run` (first seed): per dataset the CNNs (ResNet-50,
-    EfficientNet-B2: where the profile's `cnn_baselines` has them), then per ViT size (those in `sizes`) the agent alone,
-    the ViT from scratch, ViT-SAM, ViT-Sparse, the pre-trained ViT fine-tuned, Ours Joint and Ours Shared (agent and ViT
-    rows of one run; top1_gain over the ViT from scratch). Rows not run say why; a pre-trained row whose teacher fails
-    its gate (`gates` {size: Verdict or None}, default `teacher_gate` of each size's spec) says so in its note and in the
-    caption. Returns (table, caption)."""
+    """Table 1 on CIFAR-10 and the CIFAR-100 column from `run` (first seed): per dataset the CNNs (`cnn_baselines`),
+    then per ViT size in `sizes` the agent alone, the ViT from scratch, ViT-SAM, ViT-Sparse, the pre-trained ViT
+    fine-tuned, Ours Joint and Ours Shared (agent and ViT of one run; top1_gain over scratch). Rows not run say why, as
+    does a pre-trained row whose teacher fails its gate (`gates` {size: Verdict or None}, default `teacher_gate`)."""
     P, rows = recipe, []
     pre_status = {s: teacher_status(P["pretrained"][s]) for s in P["vits"]}
     gates = {s: teacher_gate(P["pretrained"][s]) for s in P["vits"]} if gates is None else gates
@@ -754,24 +668,20 @@ def table_1(recipe: Mapping, run: Callable, noise: SeedNoise, profile: str,
         for s in P["vits"]:
             on = s in P["sizes"]
             skip = "" if on else reason_not_run(f"size {s}", profile)
-            rows.append(_t1_row("CNNs", f"Agent-{s}", ds, run("Agent", ds=ds, size=s) if on else None, note=skip))
-            vit = run("ViT", ds=ds, size=s) if on else None
-            rows.append(_t1_row("ViTs", f"ViT-{s}", ds, vit, note=skip))
-            rows.append(_t1_row("ViTs", f"ViT-{s}-SAM", ds, run("ViT-SAM", ds=ds, size=s) if on else None, note=skip))
-            rows.append(_t1_row("ViTs", f"ViT-{s}-Sparse", ds, run("ViT-Sparse", ds=ds, size=s) if on else None, note=skip))
-            st = pre_status[s]
-            note = _pretrained_note(P, s, st, skip, profile)
-            if s in failed:
-                note += (f"; its teacher FAILS its gate, {failed[s].statement}: the row is no evidence about "
-                         "pre-training, and no claim rests on it")
-            rows.append(_t1_row("Pre-trained ViTs", f"ViT-{s}", ds, run("Pretrained", ds=ds, size=s) if on and st is None else None,
-                                note=note, dagger=int(s == "B")))
+            res = {m: run(m, ds=ds, size=s) if on else None for m in ("Agent", "ViT", "ViT-SAM", "ViT-Sparse")}
+            rows += [_t1_row("CNNs" if m == "Agent" else "ViTs", model, ds, res[m], note=skip) for m, model in
+                     (("Agent", f"Agent-{s}"), ("ViT", f"ViT-{s}"), ("ViT-SAM", f"ViT-{s}-SAM"),
+                      ("ViT-Sparse", f"ViT-{s}-Sparse"))]
+            note = _pretrained_note(P, s, pre_status[s], skip, profile) + (
+                f"; its teacher FAILS its gate, {failed[s].statement}: the row is no evidence about pre-training, "
+                "and no claim rests on it" if s in failed else "")
+            rows.append(_t1_row("Pre-trained ViTs", f"ViT-{s}", ds, run("Pretrained", ds=ds, size=s)
+                                if on and pre_status[s] is None else None, note=note, dagger=int(s == "B")))
             for group, meth in (("Ours Joint", "Joint"), ("Ours Shared", "Shared")):
                 r = run(meth, ds=ds, size=s) if on else None
                 rows.append(_t1_row(group, f"Agent-{s}", ds, r, key="agent_top1", note=skip, shared_agent=meth == "Shared"))
-                rows.append(_t1_row(group, f"ViT-{s}", ds, r, gain_over=vit["top1"] if vit else None, note=skip))
-    ours1 = pd.DataFrame(rows)
-    keys1 = ["group", "model", "dagger", "dataset"]
+                rows.append(_t1_row(group, f"ViT-{s}", ds, r, gain_over=res["ViT"] and res["ViT"]["top1"], note=skip))
+    ours1, keys1 = pd.DataFrame(rows), ["group", "model", "dagger", "dataset"]
     t1 = beside("table1_cifar", ours1, on=keys1, values=["top1", "top1_gain", "params_m", "flops_g"], profile=profile)
     t1 = t1.merge(ours1[keys1 + ["note"]], on=keys1, how="left")
     t1.insert(4, "ours on", t1["dataset"].map({COLUMN[k]: P["datasets"][k]["label"] for k in COLUMN if k in P["datasets"]}))
@@ -817,18 +727,13 @@ def fraction_regime(recipe: Mapping) -> str:
             + (" with as many optimizer steps" if FR.get("equal_steps") else ""))
 
 def table_3(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 3 from `runs` {(method, fraction): run or None}: top-1 per method and fraction, top1_gain of Ours over the
-    ViT at the same fraction, beside the paper's ImageNet-1k numbers. Returns (table, caption)."""
+    "Table 3 from `runs` {(method, fraction): run or None} beside the paper's; top1_gain: Ours - the ViT there."
     P, FR, POOL, size = recipe, recipe["fractions"], fraction_pool(recipe), fraction_size(recipe)
-    names = {"ResNet50": "ResNet50", "Agent": f"Agent-{size}", "ViT": f"ViT-{size}", "ViT-SAM": f"ViT-{size}-SAM",
-             "ViT-Sparse": f"ViT-{size}-Sparse", "Joint": "Ours-Joint", "Shared": "Ours-Shared"}
     ours3 = pd.DataFrame([dict(method=PAPER_T3[meth], fraction=int(round(100 * f)), top1=res["top1"] if res else np.nan,
                                note="" if res else reason_not_run(f"{meth} at {int(round(100 * f))} %", profile),
-                               **{"ours": names[meth]}) for (meth, f), res in runs.items()])
-    for i, r in ours3.iterrows():
-        if r["method"].startswith("Ours"):
-            base = ours3[(ours3["method"] == "ViT-B") & (ours3["fraction"] == r["fraction"])]["top1"].iloc[0]
-            ours3.loc[i, "top1_gain"] = r["top1"] - base
+                               ours=PAPER_T3[meth].replace("-B", f"-{size}")) for (meth, f), res in runs.items()])
+    vit, ours = ours3[ours3["method"] == "ViT-B"].set_index("fraction")["top1"], ours3["method"].str.startswith("Ours")
+    ours3.loc[ours, "top1_gain"] = ours3.loc[ours, "top1"] - ours3.loc[ours, "fraction"].map(vit)
     t3 = beside("table3_imagenet_subsets", ours3, on=["method", "fraction"], values=["top1", "top1_gain"], profile=profile)
     t3 = t3.merge(ours3[["method", "fraction", "ours", "note"]], on=["method", "fraction"], how="left")
     return t3, ("Top-1 (%) with 5 / 10 / 50 % of the labelled training images (Table 3). "
@@ -837,7 +742,7 @@ def table_3(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNo
                 + f"{size} ('ours' column)"
                 + (", epochs per fraction " + ", ".join(f"{_pct(f)}: {fraction_epochs(P, f)['epochs']}" for f in FR["values"])
                    + " (equal optimizer steps)" if FR.get("equal_steps") else "")
-                + f"; top1_gain = Ours minus the ViT at the same fraction. " + noise.note(POOL, fraction_regime(P)))
+                + "; top1_gain = Ours minus the ViT at the same fraction. " + noise.note(POOL, fraction_regime(P)))
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #82225220
 def pilot_requests(pilot: Mapping) -> list[tuple[str, dict, str]]:
@@ -851,16 +756,16 @@ def pilot_requests(pilot: Mapping) -> list[tuple[str, dict, str]]:
     return req
 
 def notebook_requests(recipe: Mapping, ds_label: Mapping[str, str], seeds_of: Mapping[str, list]) -> list[tuple[str, dict]]:
-    """Every run the paper notebook asks `run(method, **kw)` for after its pilot, as (method, run kwargs), in the order
-    its cells ask: the headline rows seed by seed, Table 1, Figure 5, Table 3, Tables 4-5, Figures 6-7, the
-    visualisations and the claims' SAM / Sparse rows. The notebook trains them as one grid (`PaperRun.run_many`: with
-    `--executor local|slurm` they train side by side as separate jobs); a run it asks for that is not listed here trains
-    alone and is named in runs_used.json (`outside_grids`), which the smoke test requires to be empty."""
+    """Every run the paper notebook asks `run(method, **kw)` for after its pilot, as (method, run kwargs), in its cells'
+    order (headline rows seed by seed, Tables 1, 3-5, Figures 5-7, visualisations, claim 1b), trained as one grid
+    (`PaperRun.run_many`); a run not listed trains alone, named in runs_used.json `outside_grids` (smoke: none)."""
     P, req = recipe, []
     if bool(P["cnn_baselines"]) != bool(P["train_cnn"]):   # `train_cnn: {}` where no CNN row runs (no dormant recipe)
         raise ValueError(f"cnn_baselines {list(P['cnn_baselines'])} and train_cnn {dict(P['train_cnn'])}: give the CNN "
                          "rows their SGD recipe, or leave train_cnn empty ({}) where cnn_baselines is []")
-    for ds in ds_label: req += headline_requests(ds, seeds_of[ds])
+    heads = {(m, json.dumps(loss)): (m, loss) for _, m, _, _, loss in HEADLINE}.values()   # Joint: two rows, one run
+    for ds in ds_label:   # the headline runs seed by seed (a cut-off grid leaves whole seeds)
+        req += [("ViT", dict(ds=ds))] + [(m, dict(ds=ds, seed=s, **loss)) for s in seeds_of[ds] for m, loss in heads]
     for ds in ("c10", "c100"):   # Table 1 (`table_1`)
         req += [(cnn, dict(ds=ds)) for cnn in CNN_TIMM if CNN_TIMM[cnn] in P["cnn_baselines"]]
         for s in (s for s in P["vits"] if s in P["sizes"]):
@@ -878,22 +783,20 @@ def notebook_requests(recipe: Mapping, ds_label: Mapping[str, str], seeds_of: Ma
     req += [(m, dict(arch=a)) for a in ("base", "res_like") for m in ("Agent", "Joint")]   # Table 5
     SW, J = P["sweep"], P["joint"]   # Figures 6 (sensitivity) and 7 (layer removal)
     sw = dict(ds=SW["dataset"], fraction=SW["fraction"], epochs=SW["epochs"])
-    req.append(("Joint", sw))
-    req += [("Joint", dict(w_kd=a, w_kd_agent=a, **sw)) for a in SW["alpha"] if a != J["w_kd"]]
+    req += [("Joint", sw)] + [("Joint", dict(w_kd=a, w_kd_agent=a, **sw)) for a in SW["alpha"] if a != J["w_kd"]]
     req += [("Joint", dict(w_hint=b, **sw)) for b in SW["beta"] if b != J["w_hint"]]
     req += [("Joint", dict(T=t, **sw)) for t in SW["T"] if t != J["T"]]
     depth = P["vits"]["S"]["depth"]
     req += [("Joint", dict(layers=[i for i in range(depth) if i != l], **sw)) for l in range(depth)]
     req += [(m, dict(ds=P["viz"]["dataset"])) for m in ("ViT", "Agent", "Joint")]   # Tables 8-11
-    claim_ds = list(P.get("claim_datasets", ds_label))
-    req += [(m, dict(ds=ds)) for m in ("ViT-SAM", "ViT-Sparse") for ds in claim_ds]   # claim 1b
+    # claim 1b
+    req += [(m, dict(ds=ds)) for m in ("ViT-SAM", "ViT-Sparse") for ds in P.get("claim_datasets", ds_label)]
     return req
 
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #1458d39b
 def table_4(recipe: Mapping, rows: Sequence[tuple], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 4 from `rows` [(setting, mutual, feat, run)] on the ablation dataset: our ViT (and agent) top-1 and CPU
-    training hours beside the paper's. Returns (table, caption)."""
+    "Table 4 from `rows` [(setting, mutual, feat, run)]: our ViT (and agent) top-1, CPU hours beside the paper's."
     P, ABL = recipe, recipe.get("ablation_dataset", "c100")
     ours4 = pd.DataFrame([dict(setting=s, mutual=m, feat=f, top1=r["top1"], agent_top1=r.get("agent_top1", np.nan),
                                training_time_h=r["wall_time_s"] / 3600) for s, m, f, r in rows])
@@ -905,8 +808,7 @@ def table_4(recipe: Mapping, rows: Sequence[tuple], noise: SeedNoise, profile: s
                 f"(default) are headline rows, seed {noise.seeds_of[ABL][0]} here (claims: every seed). " + noise.note(ABL))
 
 def table_5(recipe: Mapping, runs: Mapping[str, Mapping], noise: SeedNoise, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 5 from `runs` {"Base" | "Res-like": {"alone": agent run, "joint": Joint run}}: each agent alone, and the
-    ViT and agent of Joint with it, beside the paper's. Returns (table, caption)."""
+    """Table 5 from `runs` {"Base" | "Res-like": {"alone": agent run, "joint": Joint run}} beside the paper's."""
     P, ABL = recipe, recipe.get("ablation_dataset", "c100")
     ours5 = pd.DataFrame([dict(agent_arch=a, model=m, top1=v) for a, d in runs.items()
                           for m, v in (("Agent-S", d["alone"]["top1"]), ("ViT-S-Joint", d["joint"]["top1"]),
@@ -929,8 +831,7 @@ def table_sensitivity(recipe: Mapping, sens: Mapping[str, Mapping], noise: SeedN
                                 + noise.note(recipe["sweep"]["dataset"], claims=False, regime=sweep_regime(recipe)))
 
 def table_layer_removal(recipe: Mapping, removed: Mapping[int, Mapping], base: Mapping, noise: SeedNoise) -> tuple[pd.DataFrame, str]:
-    """The numbers behind Figure 7 from `removed` {block index: Joint run without that block's hint} and the all-layer
-    run `base`. Returns (table, caption)."""
+    "Figure 7's numbers from `removed` {block index: Joint run without its hint} and the all-layer run `base`."
     depth = len(removed)
     return (pd.DataFrame([dict(removed_block=l + 1, relative_depth=(l + 1) / depth, top1=removed[l]["top1"],
                                change=removed[l]["top1"] - base["top1"]) for l in range(depth)]),
@@ -938,9 +839,8 @@ def table_layer_removal(recipe: Mapping, removed: Mapping[int, Mapping], base: M
             "no claim is made on them. " + noise.note(recipe["sweep"]["dataset"], claims=False, regime=sweep_regime(recipe)))
 
 def viz_figures(recipe: Mapping, viz: Mapping[str, Mapping], images):
-    """Tables 8-11 as figures, one at a time: (figure, id) of the average attention (Tables 8-9: the ViT alone and
-    joint) and the intermediate features (Tables 10-11: agent and ViT, alone and joint) of each `viz.images` image;
-    `viz` = {"ViT alone", "Agent alone", "joint": a run's `viz`}, `images` the val set they index."""
+    """Tables 8-11 as (figure, id), one at a time: attention (8-9: ViT alone, joint), features (10-11: agent and ViT,
+    alone and joint) of each `viz.images` image of `images`; `viz` {"ViT alone", "Agent alone", "joint": its viz}."""
     n_layers = len(viz["joint"]["layers"])
     attn_rows = (("ViT alone", viz["ViT alone"], "attn"), ("ViT joint", viz["joint"], "attn"))
     feat_rows = (("Agent alone", viz["Agent alone"], "agent_feat"), ("ViT alone", viz["ViT alone"], "vit_feat"),
@@ -954,19 +854,14 @@ def viz_figures(recipe: Mapping, viz: Mapping[str, Mapping], images):
                f"table{10 + k}_features_image{k + 1}")
 
 # %% ../../nbs/13b_bootstrapping_paper.ipynb #7aa50f58
-PAPER_REGIME = dict(epochs=240, img_size=224, text="the paper: 240 epochs, 50k images, 224 px")
-
 def regime(recipe: Mapping, ds: str, profile: str = "") -> str:
-    """What the verdicts on dataset `ds`'s rows are about, in words (claims.md's regime): data, model, schedule, seeds,
-    and the paper's regime where ours differs from it."""
+    "What the verdicts on `ds`'s rows are about (claims.md): data, model, schedule, seeds; the paper's where other."
     P, d, v = recipe, recipe["datasets"][ds], recipe["vits"]["S"]
     ep, patch = d.get("epochs", P["train"]["epochs"]), d.get("patch_size", P["patch_size"])
     n = len(d.get("seeds", P["seeds"]))
     label = d["label"] + ("" if "epoch" in d["label"] else f", {ep} epochs") + ("" if "patch" in d["label"] else f", patch {patch}")
-    out = (f"{label}; ViT-S {v['embed_dim']} x {v['depth']}; headline rows {n} seed{'s' if n > 1 else ''}, others 1; "
-           "no teacher")
-    if (ep, P["img_size"]) != (PAPER_REGIME["epochs"], PAPER_REGIME["img_size"]): out += f"; {PAPER_REGIME['text']}"
-    return out
+    return (f"{label}; ViT-S {v['embed_dim']} x {v['depth']}; headline rows {n} seed{'s' if n > 1 else ''}, others 1; "
+            "no teacher" + ("; the paper: 240 epochs, 50k images, 224 px" if (ep, P["img_size"]) != (240, 224) else ""))
 
 def fraction_claim_regime(recipe: Mapping) -> str:
     "Claim 5's regime in words: Table 3's fractions of the pool, their epochs (equal optimiser steps or not), the model."
@@ -981,8 +876,7 @@ def fraction_claim_regime(recipe: Mapping) -> str:
             "teacher; the paper: ImageNet-1k fractions, 224 px")
 
 def dataset_evidence(*rows: Mapping[str, Arm], not_claimed: Sequence[str] = (), profile: str = "") -> str:
-    """Evidence of a claim on every dataset: each dataset's rows' means ({dataset label: Arm} per row), and the datasets
-    left out of the claims at this profile (`claim_datasets`)."""
+    "A claim's evidence: each dataset's rows' means, and the datasets left out of claims (`claim_datasets`)."
     return "; ".join(f"{d}: {arm_means(*(r[d] for r in rows))}" for d in rows[0]) + (
         f"; not claim-bearing at {profile}: {', '.join(not_claimed)} (claim_datasets in profiles.yaml: below the "
         "pilot's floor; its rows are in Table 1)" if not_claimed else "")
@@ -993,24 +887,21 @@ NAMES4 = {("Baseline", "none"): "baseline", ("KD Only", "none"): "KD only", ("Fe
           ("Both", "No Decay"): "both, constant", ("Both", "default"): "both"}
 
 def table4_arms(rows: Sequence[tuple], head: Mapping[str, Arm], noise: SeedNoise, ds: str) -> dict[str, Arm]:
-    """Table 4's rows as Arms by their `NAMES4`: one seed each (borrowed sd), but the rows that are headline runs
-    (`head`: the ablation dataset's headline Arms) with every seed."""
+    "Table 4's rows as Arms by `NAMES4`: one seed (borrowed sd), but those that are headline rows (`head`) all seeds."
     A4 = {NAMES4[s, f]: noise.one_seed(r, NAMES4[s, f], ds) for s, _, f, r in rows}
     A4["baseline"], A4["both"] = replace(head["scratch"], name="baseline"), replace(head["joint"], name="both")
     A4["KD only"] = replace(head["joint_nohint"], name="KD only")   # the same runs (w_hint 0)
     return A4
 
 def table5_arms(runs: Mapping[str, Mapping], head: Mapping[str, Arm], noise: SeedNoise, ds: str) -> dict[str, Arm]:
-    """Table 5's rows as Arms for claim 4: the agents alone (agent CNNs: they borrow the headline agent row's sd) and the
-    ViTs joint with them (res-like: the headline Joint)."""
+    "Claim 4's Arms: the agents alone (one seed, the headline agent's sd), ViTs joint with them (res-like: headline)."
     return dict(rl_alone=noise.one_seed(runs["Res-like"]["alone"], "res-like agent", ds, cnn=True),
                 base_alone=noise.one_seed(runs["Base"]["alone"], "base agent", ds, cnn=True),
                 rl_joint=replace(head["joint"], name="ViT with res-like"),
                 base_joint=noise.one_seed(runs["Base"]["joint"], "ViT with base", ds))
 
 def fraction_arms(recipe: Mapping, runs: Mapping[tuple, Mapping | None], noise: SeedNoise) -> tuple[dict, dict]:
-    """Table 3's ViT and Joint rows as Arms {percent: Arm} for claim 5: the headline row (every seed) where a fraction's
-    run is the headline run (same config), else one seed with the borrowed spread. Returns (scratch, joint)."""
+    "Claim 5's (scratch, joint) Arms {percent: Arm}: the headline row where it is the same run, else one seed."
     P, POOL, size = recipe, fraction_pool(recipe), fraction_size(recipe)
     def one(meth: str, f: float, name: str) -> Arm:
         same = (config_hash(run_config(P, meth, ds=POOL, size=size, fraction=f, **fraction_epochs(P, f)))
