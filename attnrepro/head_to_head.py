@@ -11,18 +11,22 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
+import torch
 
-from .experiment import Experiment, experiment_data, run_experiment
-from .verdicts import (Arm, Verdict, all_of, arm, arm_agreement, arms_differ, contrast, difference, gate,
+from .attention import CLS_ENTROPY_GATE, cls_row_entropy
+from .dryrun import dry_run_steps
+from .experiment import Experiment, run_experiment
+from .gta import cls_attention
+from .verdicts import (Arm, Verdict, all_of, arm, arm_agreement, arms_differ, contrast, gate,
                                 greater, provided, result_seeds, untestable)
 
 # %% auto #0
 __all__ = ['GROUPS', 'CLAIMS', 'COMPOSITION_PARTS', 'CLS_ROW_METHODS', 'DRY_IMAGES', 'COLORS', 'experiment', 'run_fn', 'grid',
            'collect', 'table_rows', 'row_arm', 'step_s', 'table_main', 'best_of_groups', 'table_fractions',
-           'reads_cls_row', 'paper_rows', 'source_preconditions', 'claim_group_beats_scratch',
-           'claim_group_beats_group', 'steps_by_size', 'steps_regime', 'equal_steps', 'claim_gain_shrinks',
-           'composition_fix', 'claim_composition', 'claims', 'regime', 'source_cls_gate', 'cls_map_table',
-           'flat_source_note', 'reading', 'plot_cost', 'plot_fractions', 'plot_attention']
+           'reads_cls_row', 'paper_rows', 'claim_group_beats_scratch', 'claim_group_beats_group', 'steps_by_size',
+           'steps_regime', 'equal_steps', 'claim_gain_shrinks', 'composition_fix', 'claim_composition', 'claims',
+           'regime', 'source_cls_gate', 'cls_map_table', 'flat_source_note', 'reading', 'plot_cost', 'plot_fractions',
+           'plot_attention']
 
 # %% ../nbs/23_head_to_head.ipynb #f7d76c3d
 GROUPS = {"nothing": "given nothing", "CNN": "a pre-trained CNN", "ViT": "a pre-trained ViT",
@@ -42,8 +46,7 @@ def _options(P: Mapping, row: Mapping) -> dict:
     return {k: (subs[v] if isinstance(v, str) and v in subs else v) for k, v in (row.get("options") or {}).items()}
 
 def experiment(P: Mapping, row: Mapping, seed: int, per_class: int | None = None) -> Experiment:
-    """The `Experiment` of one row of the benchmark at `per_class` training images per class (default: the task's):
-    the profile's data (the task), student and recipe for every row; only the method, its teacher and options differ."""
+    "A row's `Experiment` at `per_class` images per class (default: the task's): only method, teacher, options vary."
     t = P["data"]
     return Experiment(dataset=t["name"], student={"arch": row.get("arch", "vit"), **P["student"]},
                       method=row["method"], teacher=_teacher(P, row.get("teacher_key")), options=_options(P, row),
@@ -52,8 +55,7 @@ def experiment(P: Mapping, row: Mapping, seed: int, per_class: int | None = None
                       val_per_class=t.get("val_per_class"), seed=seed, extras=("cls_attention",), record_correct=True)
 
 def run_fn(config: Mapping, ckpt_dir=None, progress: bool = False) -> dict:
-    """What `PaperRun.run` trains: `run_experiment` of the config (module level, so grid executors can pickle it);
-    `progress`: the profile's, a progress bar per epoch (not part of the config: it changes no result)."""
+    "`run_experiment` of a config, at module level so grid executors can pickle it; `progress` changes no result."
     return run_experiment(dict(config), ckpt_dir, progress=progress)
 
 def grid(P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> list[tuple[str, dict]]:
@@ -63,8 +65,7 @@ def grid(P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> lis
             for r in (rows or P["rows"]) for s in (seeds or P["seeds"])]
 
 def collect(pr, P: Mapping, rows=None, per_class: int | None = None, seeds=None) -> dict[str, list[dict]]:
-    """{row name: its runs' results, seed by seed, each labelled with its `seed` (rows of the same seeds are then
-    blocked by seed)}: the grid trained (or read from the cache) through `pr.run_many`."""
+    "{row name: its runs' results, each labelled with its `seed` (contrasts block by seed)}, through `pr.run_many`."
     rows, seeds = list(rows or P["rows"]), list(seeds or P["seeds"])
     res = pr.run_many(grid(P, rows, per_class, seeds), partial(run_fn, progress=bool(P.get("progress", False))))
     return {r["name"]: [dict(x, seed=s) for x, s in zip(res[i * len(seeds):(i + 1) * len(seeds)], seeds)]
@@ -73,16 +74,14 @@ def collect(pr, P: Mapping, rows=None, per_class: int | None = None, seeds=None)
 def table_rows(P: Mapping) -> pd.DataFrame:
     "The rows as configured: what each method is given, its registered name, teacher(s) and options."
     def teach(k):
-        if k is None: return "-"
-        if isinstance(k, Mapping): return "; ".join(f"{p}: {P['teachers'][v]}" for p, v in k.items())
-        return str(P["teachers"][k])
+        t = _teacher(P, k)
+        return "; ".join(f"{p}: {v}" for p, v in t.items()) if isinstance(k, Mapping) else "-" if k is None else str(t)
     return pd.DataFrame([dict(group=GROUPS[r["group"]], row=r["name"], method=r["method"], student=r.get("arch", "vit"),
                               teacher=teach(r.get("teacher_key")), options=str(_options(P, r) or "-")) for r in P["rows"]])
 
 # %% ../nbs/23_head_to_head.ipynb #519a45b6
 def row_arm(results: list[dict], name: str) -> Arm:
-    """The top-1 of a row over its seeds, with each seed's per-image hits (contrasts with other rows are paired) and
-    its seeds (`collect` labels each result: contrasts with rows of the same seeds are blocked by seed)."""
+    "A row's top-1 over its seeds, with per-image hits (contrasts are paired) and seeds (blocked by seed, `collect`)."
     hits = [r.get("correct") for r in results]
     return arm([r["top1"] for r in results], name, hits=hits if all(h is not None for h in hits) else None,
                seeds=result_seeds(results))
@@ -91,8 +90,7 @@ def _devices(results) -> list[str]:
     return sorted({str(r.get("device")) for r in results})
 
 def step_s(r: Mapping) -> float:
-    """Seconds per training step of a run, from its own training throughput (evaluation excluded); nan for a run that
-    took no step (a `--dry-run-quick` run built but not stepped: the dry run's cost table has its projection)."""
+    "Seconds per training step from the run's training throughput (no evaluation); nan for a run that took no step."
     ok = r.get("images_per_s") and r.get("steps")
     return r["n_train"] * r["epochs"] / r["images_per_s"] / r["steps"] if ok else float("nan")
 
@@ -104,6 +102,18 @@ def _estimate(terms, label):
     try: return contrast(terms, label)
     except ValueError: return None
 
+def _gain(Rx: Mapping[str, list], a: str, b: str):
+    "(row a's Arm, row b's Arm, the paired a - b Estimate or None with one seed)."
+    A, B = row_arm(Rx[a], a), row_arm(Rx[b], b)
+    return A, B, _estimate([(1.0, A), (-1.0, B)], f"{a} - {b}")
+
+def _top_gain(Rx: Mapping[str, list], name: str, scratch: str) -> dict:
+    "A row's table columns: seeds, top-1 [95 % CI], gain over scratch [95 % CI, paired per test image]."
+    a, s, gain = _gain(Rx, name, scratch)
+    top = _estimate([(1.0, a)], name)
+    return {"seeds": a.n, "top1": a.mean, "top1 95% CI": _ci(top, False) if top else "-", "gain": a.mean - s.mean,
+            "gain 95% CI": "-" if name == scratch or gain is None else _ci(gain)}
+
 def _peak_mb(rs: list) -> float:
     "Mean peak training memory of the runs that measured it (nan if none did: each resumed a finished checkpoint)."
     got = [r["peak_mem_mb"] for r in rs if r.get("peak_mem_mb") is not None]
@@ -114,23 +124,16 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
     (paired per test image), time per training step and peak training memory as multiples of scratch's (means over
     seeds, measured in the same runs), total wall time, parameters at inference, localisation (no boxes here)."""
     sc = R[scratch]
-    sa, sc_step, sc_mem = row_arm(sc, scratch), np.mean([step_s(r) for r in sc]), _peak_mb(sc)
+    sc_step, sc_mem = np.mean([step_s(r) for r in sc]), _peak_mb(sc)
     same = lambda rs: _devices(rs) == _devices(sc)   # ratios only between runs of one device
-    out = []
-    for row in P["rows"]:
-        rs = R[row["name"]]
-        a = row_arm(rs, row["name"])
-        top, gain = _estimate([(1.0, a)], row["name"]), _estimate([(1.0, a), (-1.0, sa)], f"{row['name']} - scratch")
-        out.append({"group": GROUPS[row["group"]], "row": row["name"], "seeds": a.n, "top1": a.mean,
-                    "top1 95% CI": _ci(top, False) if top else "-", "gain": a.mean - sa.mean,
-                    "gain 95% CI": "-" if row["name"] == scratch or gain is None else _ci(gain),
-                    "time/step x scratch": np.mean([step_s(r) for r in rs]) / sc_step if same(rs) else float("nan"),
-                    "wall time (min)": np.mean([r["wall_time_s"] for r in rs]) / 60,
-                    "peak memory x scratch": _peak_mb(rs) / sc_mem if sc_mem > 0 and same(rs) else float("nan"),
-                    "device": ", ".join(_devices(rs)),
-                    "params at inference (M)": rs[0]["params"] / 1e6,
-                    "localisation": "n/a (no boxes)" if not P["data"].get("boxes") else "-"})
-    df = pd.DataFrame(out)
+    df = pd.DataFrame([{"group": GROUPS[row["group"]], "row": row["name"], **_top_gain(R, row["name"], scratch),
+                        "time/step x scratch": np.mean([step_s(r) for r in rs]) / sc_step if same(rs) else float("nan"),
+                        "wall time (min)": np.mean([r["wall_time_s"] for r in rs]) / 60,
+                        "peak memory x scratch": _peak_mb(rs) / sc_mem if sc_mem > 0 and same(rs) else float("nan"),
+                        "device": ", ".join(_devices(rs)),
+                        "params at inference (M)": rs[0]["params"] / 1e6,
+                        "localisation": "n/a (no boxes)" if not P["data"].get("boxes") else "-"}
+                       for row, rs in zip(P["rows"], [R[r["name"]] for r in P["rows"]])])
     df.attrs["note"] = ("Intervals: 95 %, seed-to-seed and test-set noise; gains paired per test image. Time per step: "
                         "training throughput of each run (evaluation excluded), mean over seeds, over scratch's. Peak "
                         "memory: `run_experiment`'s peak_mem_mb (CUDA max allocated; CPU: peak resident set during "
@@ -143,27 +146,17 @@ def table_main(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> p
 
 def best_of_groups(P: Mapping, R: Mapping[str, list], scratch: str = "scratch") -> dict[str, str]:
     "{group: its row with the highest mean top-1} (scratch excluded: it is its own arm of the sweep)."
-    best = {}
-    for g in GROUPS:
-        names = [r["name"] for r in P["rows"] if r["group"] == g and r["name"] != scratch]
-        if names: best[g] = max(names, key=lambda n: np.mean([x["top1"] for x in R[n]]))
-    return best
+    names = {g: [r["name"] for r in P["rows"] if r["group"] == g and r["name"] != scratch] for g in GROUPS}
+    return {g: max(ns, key=lambda n: np.mean([x["top1"] for x in R[n]])) for g, ns in names.items() if ns}
 
 def table_fractions(P: Mapping, F: Mapping[int, Mapping[str, list]], best: Mapping[str, str],
                     scratch: str = "scratch") -> pd.DataFrame:
     """Top-1 [CI] and the gain over scratch [CI, paired] of scratch and each group's best row at every data size, with
     the optimiser steps its runs trained (one recipe: equal epochs, so fewer steps at fewer images)."""
-    out = []
-    for pc, R in sorted(F.items()):
-        sa = row_arm(R[scratch], scratch)
-        for g, name in [("nothing", scratch), *best.items()]:
-            a = row_arm(R[name], name)
-            top, gain = _estimate([(1.0, a)], name), _estimate([(1.0, a), (-1.0, sa)], f"{name} - scratch")
-            out.append({"images per class": pc, "steps": "/".join(map(str, sorted({int(r["steps"]) for r in R[name]}))),
-                        "group": GROUPS[g], "row": name, "seeds": a.n, "top1": a.mean,
-                        "top1 95% CI": _ci(top, False) if top else "-", "gain": a.mean - sa.mean,
-                        "gain 95% CI": "-" if name == scratch or gain is None else _ci(gain)})
-    return pd.DataFrame(out)
+    return pd.DataFrame([{"images per class": pc,
+                          "steps": "/".join(map(str, sorted({int(r["steps"]) for r in R[name]}))),
+                          "group": GROUPS[g], "row": name, **_top_gain(R, name, scratch)}
+                         for pc, R in sorted(F.items()) for g, name in [("nothing", scratch), *best.items()]])
 
 # %% ../nbs/23_head_to_head.ipynb #6d1d1b09
 CLAIMS = {
@@ -189,8 +182,7 @@ def reads_cls_row(row: Mapping) -> bool:
 
 def paper_rows(P: Mapping, group: str, scratch: str = "scratch") -> tuple[list[str], dict[str, str]]:
     """The rows of `group` that follow their paper's recipe, and {row: why not} for those the profile marks with a
-    `deviation` (a row kept for the benchmark, e.g. attention distillation of every block where its paper distils
-    the first 3/4)."""
+    `deviation` (kept for the benchmark, e.g. attention distillation of every block where its paper distils 3/4)."""
     rows = [r for r in P["rows"] if r["group"] == group and r["name"] != scratch]
     return [r["name"] for r in rows if not r.get("deviation")], {r["name"]: r["deviation"] for r in rows if r.get("deviation")}
 
@@ -199,12 +191,9 @@ def _inert_fix(a: str, b: str) -> str:
 
 def _greater(R, a: str, b: str, margin: float = 0.0, preconditions=(), fix: str | None = None) -> Verdict:
     """Claim `a` beats `b` by more than `margin` points, paired per test image (untestable with one seed), provided the
-    two rows are not inert (`arms_differ`: across seeds they agree per test image less often than two seeds of one row,
-    and seed for seed on less than `IDENTICAL_AGREEMENT` % of the images) and every
-    one of `preconditions` holds. The rows' per-image agreement is reported beside the seed-to-seed one; `fix`: what
-    would make an inert pair testable (default: a stronger weight or a longer schedule)."""
-    A, B = row_arm(R[a], a), row_arm(R[b], b)
-    est = _estimate([(1.0, A), (-1.0, B)], f"{a} - {b}")
+    rows are not inert (`arms_differ`) and `preconditions` hold; the per-image agreement is reported beside the
+    seed-to-seed one. `fix`: what would make an inert pair testable (default: a stronger weight, a longer schedule)."""
+    A, B, est = _gain(R, a, b)
     if est is None: return untestable(f"{a} vs {b}: one seed per row, so the seed noise is unknown")
     v = greater(est, margin)
     if A.hits is not None and B.hits is not None and A.hits.shape[1] == B.hits.shape[1]:
@@ -214,19 +203,12 @@ def _greater(R, a: str, b: str, margin: float = 0.0, preconditions=(), fix: str 
                                  f"across seeds (two seeds of one row: {f(ag.within)})")
     return provided([arms_differ(A, B, fix=fix or _inert_fix(a, b)), *preconditions], v)
 
-def _row(P: Mapping, name: str) -> Mapping:
-    return next(r for r in P["rows"] if r["name"] == name)
-
-def source_preconditions(P: Mapping, name: str, source_gate: Verdict | None) -> list[Verdict]:
-    "The source gate `source_gate` (the ViT teacher's CLS row) as a precondition of row `name` if it reads that row."
-    return [source_gate] if source_gate is not None and reads_cls_row(_row(P, name)) else []
-
 def claim_group_beats_scratch(P: Mapping, R: Mapping[str, list], group: str, scratch: str = "scratch",
                               rows=None, preconditions: Mapping[str, list] | None = None) -> Verdict:
     "Every row of `group` (or the named `rows`) beats scratch, each provided its `preconditions` {row: [Verdict]} hold."
     rows = rows or [r["name"] for r in P["rows"] if r["group"] == group and r["name"] != scratch]
-    pre = preconditions or {}
-    return all_of([_greater(R, n, scratch, preconditions=pre.get(n, ())) for n in rows], f"{GROUPS[group]} vs scratch")
+    return all_of([_greater(R, n, scratch, preconditions=(preconditions or {}).get(n, ())) for n in rows],
+                  f"{GROUPS[group]} vs scratch")
 
 def claim_group_beats_group(F: Mapping[int, Mapping[str, list]], a: str, b: str) -> Verdict:
     "Row `a` beats row `b` at every data size of `F` ({images per class: results})."
@@ -273,36 +255,34 @@ def composition_fix(P: Mapping, name: str, part: str) -> str:
             "or a longer schedule")
 
 def claim_composition(R: Mapping[str, list], name: str, parts=None, preconditions=(), fixes=None) -> Verdict:
-    """The composition `name` beats each of its parts (`COMPOSITION_PARTS`) run alone, provided it differs from each
-    (a part that changes nothing when composed makes its comparison 'untestable (inert)', with `fixes[part]`) and
-    `preconditions` hold."""
-    fixes = fixes or {}
-    return all_of([_greater(R, name, p, preconditions=preconditions, fix=fixes.get(p))
+    """The composition `name` beats each of its parts (`COMPOSITION_PARTS`) run alone, provided `preconditions` hold
+    and it differs from each (else that comparison is 'untestable (inert)', with `fixes[part]`)."""
+    return all_of([_greater(R, name, p, preconditions=preconditions, fix=(fixes or {}).get(p))
                    for p in (parts or COMPOSITION_PARTS[name])], name)
 
 def claims(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]], best: Mapping[str, str],
            scratch: str = "scratch", source_gate: Verdict | None = None) -> list[tuple[str, str, Verdict, str, str | None]]:
-    """(id, text, verdict, evidence, regime or None for the notebook's default) of every claim of the benchmark, in
-    order (margins fixed in `CLAIMS` before any run). `source_gate`: the ViT teacher's CLS-row gate (`source_cls_gate`),
-    a precondition of every comparison of a row that reads that row (`reads_cls_row`)."""
-    src = lambda n: source_preconditions(P, n, source_gate)
+    """(id, text, verdict, evidence, regime or None for the notebook's default) of every claim, in order (`CLAIMS`,
+    fixed before any run). `source_gate` (`source_cls_gate`): a precondition of every row that `reads_cls_row`."""
+    rows = {r["name"]: r for r in P["rows"]}   # the source gate is a precondition of the rows that read its CLS row
+    src = lambda n: [source_gate] if source_gate is not None and reads_cls_row(rows[n]) else []
     vit_rows, left_out = paper_rows(P, "ViT", scratch)
     vit = claim_group_beats_scratch(P, R, "ViT", scratch, rows=vit_rows, preconditions={n: src(n) for n in vit_rows})
-    vit_ev = "; ".join(f"left out: {n} ({why}); its comparison, for information: "
-                       f"{_greater(R, n, scratch, preconditions=src(n)).statement} -> "
-                       f"{_greater(R, n, scratch, preconditions=src(n)).verdict}" for n, why in left_out.items())
-    out = [("cnn_rows_beat_scratch", CLAIMS["cnn_rows_beat_scratch"], claim_group_beats_scratch(P, R, "CNN", scratch), "", None),
-           ("vit_rows_beat_scratch", CLAIMS["vit_rows_beat_scratch"]
-            + (f" (left out as not their paper's recipe: {', '.join(left_out)})" if left_out else ""), vit, vit_ev, None),
-           ("bootstrapping_beats_scratch", CLAIMS["bootstrapping_beats_scratch"],
-            claim_group_beats_scratch(P, R, "nothing", scratch), "", None)]
-    if "ViT" in best and "CNN" in best:
-        out.append(("vit_group_beats_cnn_group", CLAIMS["vit_group_beats_cnn_group"] + f" ({best['ViT']} vs {best['CNN']})",
-                    claim_group_beats_group(F, best["ViT"], best["CNN"]), "",
-                    f"{regime(P)}; {steps_regime(F, (best['ViT'], best['CNN']))}"))
-    if "ViT" in best:
-        out.append(("vit_gain_shrinks_with_data", CLAIMS["vit_gain_shrinks_with_data"] + f" ({best['ViT']})",
-                    claim_gain_shrinks(F, best["ViT"], scratch), "", f"{regime(P)}; {steps_regime(F, (best['ViT'], scratch))}"))
+    info = {n: _greater(R, n, scratch, preconditions=src(n)) for n in left_out}
+    vit_ev = "; ".join(f"left out: {n} ({why}); its comparison, for information: {info[n].statement} -> "
+                       f"{info[n].verdict}" for n, why in left_out.items())
+    out = [("cnn_rows_beat_scratch", "", claim_group_beats_scratch(P, R, "CNN", scratch), "", None),
+           ("vit_rows_beat_scratch",
+            f" (left out as not their paper's recipe: {', '.join(left_out)})" if left_out else "", vit, vit_ev, None),
+           ("bootstrapping_beats_scratch", "", claim_group_beats_scratch(P, R, "nothing", scratch), "", None)]
+    v, c = best.get("ViT"), best.get("CNN")
+    if v and c:
+        out.append(("vit_group_beats_cnn_group", f" ({v} vs {c})", claim_group_beats_group(F, v, c), "",
+                    f"{regime(P)}; {steps_regime(F, (v, c))}"))
+    if v:
+        out.append(("vit_gain_shrinks_with_data", f" ({v})", claim_gain_shrinks(F, v, scratch), "",
+                    f"{regime(P)}; {steps_regime(F, (v, scratch))}"))
+    out = [(cid, CLAIMS[cid] + more, verdict, ev, reg) for cid, more, verdict, ev, reg in out]
     names = {r["name"] for r in P["rows"]}
     for i, (name, parts) in enumerate(COMPOSITION_PARTS.items()):
         if name in names and set(parts) <= names:
@@ -319,20 +299,14 @@ def regime(P: Mapping) -> str:
             f"{t['epochs']} epochs, batch {t['batch_size']}; {len(P['seeds'])} seeds; teachers "
             + " and ".join(str(v) if isinstance(v, str) else "a tiny smoke teacher" for v in P["teachers"].values()))
 
-def _spread(n_total: int, n: int) -> list[int]:
-    return sorted({int(i) for i in np.linspace(0, n_total - 1, min(n, n_total))})
-
 DRY_IMAGES = 16   # a dry run measures the teacher's CLS row on this many images: it costs the grid, its numbers mean nothing
 
 def source_cls_gate(teacher, val_set, n_images: int = 256, name: str = "the ViT teacher") -> tuple[dict, Verdict]:
     """({per_head, mean, uniform, ratio} of `cls_row_entropy`, the gate as a `Verdict`) of `teacher`'s last-block CLS
-    row on `n_images` test images spread over `val_set` (`DRY_IMAGES` in a dry run): passed when the ratio to the
-    uniform row's entropy is at most `CLS_ENTROPY_GATE` (above it the row is near-flat and GTA / AttnDistill's KL
-    transfer a near-uniform map)."""
-    import torch
-    from attnrepro.attention import CLS_ENTROPY_GATE, cls_row_entropy
-    from attnrepro.dryrun import dry_run_steps
-    idx = _spread(len(val_set), min(n_images, DRY_IMAGES) if dry_run_steps() else n_images)
+    row on `n_images` test images spread over `val_set` (`DRY_IMAGES` in a dry run): passed at a ratio to uniform of at
+    most `CLS_ENTROPY_GATE` (above it the row is near-flat: GTA / AttnDistill's KL transfer a near-uniform map)."""
+    n = min(n_images, DRY_IMAGES) if dry_run_steps() else n_images
+    idx = sorted({int(i) for i in np.linspace(0, len(val_set) - 1, min(n, len(val_set)))})   # spread over the set
     e = cls_row_entropy(teacher, torch.stack([val_set[i][0] for i in idx]))
     what = (f"CLS-row gate of {name}: its last-block CLS row has entropy {e['mean']:.2f} of {e['uniform']:.2f} nats "
             f"(uniform over the patches) on {len(idx)} test images, {e['ratio']:.2f} of uniform (gate: at most "
@@ -345,11 +319,8 @@ def _map_entropy(m) -> float:
     return float((-(m * np.log(m)).sum(axis=(-2, -1))).mean() / np.log(m.shape[-1] * m.shape[-2]))
 
 def cls_map_table(P: Mapping, R: Mapping[str, list], teacher, val_set, teacher_name: str = "ViT teacher") -> pd.DataFrame:
-    """Every row's last-block CLS map (the runs' `cls_attention` extra: head mean, four test images) beside the ViT
-    teacher's on the same images: the map's entropy as a share of uniform, and its L1 distance to the teacher's (0: the
-    same map; at most 2), means over seeds, and the row's top-1."""
-    import torch
-    from attnrepro.gta import cls_attention
+    """Every row's last-block CLS map (`cls_attention` extra: head mean, four test images) beside the ViT teacher's:
+    its entropy as a share of uniform and L1 distance to the teacher's (0: the same; at most 2), seed means; top-1."""
     idx = R[P["rows"][0]["name"]][0]["extras"]["cls_attention"]["images"]
     tmap = cls_attention(teacher, torch.stack([val_set[i][0] for i in idx]), layer=-1, head_reduce="mean").cpu().numpy()
     out = [{"group": "teacher", "row": teacher_name, "seeds": 1, "top1": float("nan"),
@@ -370,14 +341,13 @@ def flat_source_note(P: Mapping, R: Mapping[str, list], cls_tab: pd.DataFrame, e
                      row: str = "fine-tune + GTA", base: str = "fine-tune") -> str:
     """A paragraph: `row` against `base` (paired), its last-block CLS map against the teacher's and `base`'s, and the
     teacher's CLS-row gate (`source_cls_gate`), with what follows for the claims."""
-    A, B = row_arm(R[row], row), row_arm(R[base], base)
-    est = _estimate([(1.0, A), (-1.0, B)], f"{row} - {base}")
+    A, B, est = _gain(R, row, base)
     d = cls_tab.set_index("row")["L1 to the teacher's map"]
     e = cls_tab.set_index("row")["CLS map entropy / uniform"]
     readers = [r["name"] for r in P["rows"] if reads_cls_row(r)]
     same = d[row] <= 0.1 * d[base]   # an order of magnitude closer to the teacher's map than the plain fine-tuned row's
     return (f"{row} lands {abs(B.mean - A.mean):.1f} points {'under' if A.mean < B.mean else 'above'} {base} ({A.mean:.2f} "
-            f"against {B.mean:.2f} %" + (f"; {est}" if est else "") + f"). Its last-block CLS map "
+            f"against {B.mean:.2f} %" + (f"; {est}" if est else "") + "). Its last-block CLS map "
             + ("is the teacher's" if same else "is not the teacher's") + f": L1 distance {d[row]:.3f} on the four test "
             f"images of fig_attention (at most 2; {base}: {d[base]:.2f}), entropy {e[row]:.2f} of uniform (the teacher's "
             f"{e[cls_tab['row'].iloc[0]]:.2f}, {base}'s {e[base]:.2f}). The teacher's CLS row "
@@ -389,20 +359,14 @@ def flat_source_note(P: Mapping, R: Mapping[str, list], cls_tab: pd.DataFrame, e
                "The gate is passed: the rows that read the CLS row are tested as they are."))
 
 # %% ../nbs/23_head_to_head.ipynb #ad4d5434
-def _gain(Rx: Mapping[str, list], name: str, scratch: str):
-    "(row's Arm, scratch's Arm, the paired gain's Estimate or None with one seed)."
-    a, s = row_arm(Rx[name], name), row_arm(Rx[scratch], scratch)
-    return a, s, _estimate([(1.0, a), (-1.0, s)], f"{name} - {scratch}")
-
 def _gain_text(Rx: Mapping[str, list], name: str, scratch: str) -> str:
     a, s, est = _gain(Rx, name, scratch)
     return f"{name} {a.mean:.1f} % ({a.mean - s.mean:+.1f}" + (f" {_ci(est)}" if est else ", one seed") + ")"
 
 def reading(P: Mapping, R: Mapping[str, list], F: Mapping[int, Mapping[str, list]], best: Mapping[str, str],
             verdicts, devices=(), scratch: str = "scratch") -> str:
-    """The results in one paragraph: each group's best row with its gain over scratch [95 % CI], the winner at each
-    data size, the rows whose interval lies below scratch, the winner's cost, and the claims' verdict counts.
-    `verdicts`: `claims()`'s list ((id, text, Verdict, ...) each); `devices`: where the runs trained (named in the text)."""
+    """The results in one paragraph: each group's best row and its gain over scratch [95 % CI], the winner per data
+    size, rows below scratch, the winner's cost, the counts of `verdicts` (`claims()`'s); `devices`: where trained."""
     mean = lambda rs: float(np.mean([r["top1"] for r in rs]))
     ranked = sorted(best.values(), key=lambda n: -mean(R[n]))
     by_group = {n: g for g, n in best.items()}
@@ -451,10 +415,9 @@ def plot_cost(P: Mapping, R: Mapping[str, list], scratch: str = "scratch"):
     base = np.mean([step_s(r) for r in R[scratch]])
     other = [row["name"] for row in P["rows"] if _devices(R[row["name"]]) != _devices(R[scratch])]
     for row in P["rows"]:
-        rs = R[row["name"]]
         if row["name"] in other: continue   # its step time is another device's
-        m, hw = _mean_hw(rs)
-        x = np.mean([step_s(r) for r in rs]) / base
+        m, hw = _mean_hw(R[row["name"]])
+        x = np.mean([step_s(r) for r in R[row["name"]]]) / base
         ax.errorbar(x, m, yerr=hw, fmt="o", color=COLORS[row["group"]], capsize=3)
         ax.annotate(row["name"], (x, m), fontsize=6, xytext=(4, 3 if len(ax.texts) % 2 else -8), textcoords="offset points")
     for g, c in COLORS.items(): ax.plot([], [], "o", color=c, label=GROUPS[g])
@@ -486,10 +449,9 @@ def plot_attention(P: Mapping, R: Mapping[str, list], val_set):
     import matplotlib.pyplot as plt
     rows = P["rows"]
     idx = R[rows[0]["name"]][0]["extras"]["cls_attention"]["images"]
-    h = 1.0 * (len(rows) + 1) + 0.6
-    fig, axes = plt.subplots(len(rows) + 1, len(idx), figsize=(1.0 * len(idx) + 1.8, h), squeeze=False)
-    fig.subplots_adjust(left=1.8 / (1.0 * len(idx) + 1.8), right=0.98, top=1 - 0.5 / h, bottom=0.02, hspace=0.08,
-                        wspace=0.05)
+    h, w = 1.0 * (len(rows) + 1) + 0.6, 1.0 * len(idx) + 1.8
+    fig, axes = plt.subplots(len(rows) + 1, len(idx), figsize=(w, h), squeeze=False)
+    fig.subplots_adjust(left=1.8 / w, right=0.98, top=1 - 0.5 / h, bottom=0.02, hspace=0.08, wspace=0.05)
     for j, i in enumerate(idx):
         x = val_set[i][0].permute(1, 2, 0).numpy()
         axes[0, j].imshow((x - x.min()) / (x.max() - x.min() + 1e-8))

@@ -4,11 +4,14 @@
 
 # %% ../nbs/11_pretrain.ipynb #75ebec98
 from __future__ import annotations
-import math, random
+import json, math, random, time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+import pandas as pd
+import timm
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -17,12 +20,19 @@ from PIL import ImageFilter
 from torch.utils.data import DataLoader
 from timm.models.vision_transformer import Block, VisionTransformer
 
-from .core import seed_everything
-from .data import IMAGENET_MEAN, IMAGENET_STD
-from .evaluate import extract_features, knn_accuracy, linear_probe
-from .models import create_student, load_state_dict_strict
+from .attention import attention_maps
+from .core import cache_dir, config_hash, git_commit, seed_everything
+from .data import (IMAGENET_MEAN, IMAGENET_STD, LabelledSubset, class_balanced_subset, denormalize,
+                            eval_transform, get_dataset, train_transform)
+from .dryrun import dry_run_steps
+from .evaluate import (attention_mask_jaccard, boxes_to_mask, extract_features, knn_accuracy, linear_probe,
+                                upsample_maps)
+from .methods import create_method   # the registry: it imports nothing from here
+from .models import create_student, load_state_dict_strict, load_teacher, save_teacher
 from .train import TrainConfig, fit
 from .protocol import LossTerm, Method, StepContext, ce_term
+from .transfer import scratch_student, vit_shape
+from .verdicts import Verdict, all_of, arm, difference, greater, pilot_table, reported
 
 # %% auto #0
 __all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_token_features', 'patchify', 'unpatchify',
@@ -30,12 +40,11 @@ __all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_t
            'teacher_temp_at', 'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL',
            'MultiCropTransform', 'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod',
            'pretrain_mae', 'pretrain_dino', 'pretrain_supervised', 'cls_features', 'feature_quality',
-           'random_init_quality', 'teacher_quality', 'tiny_teacher', 'get_teacher', 'pretrain_dataset', 'quality_sets',
-           'quality_kwargs', 'train_teacher_run', 'gate_sets', 'gate_run', 'plot_cls_attention',
-           'published_checkpoints', 'teacher_names', 'teacher_plan', 'random_init_run', 'saved_teacher_matches',
-           'teacher_summary', 'quality_table', 'manifest_table', 'teacher_words', 'quality_regime',
-           'check_beats_random', 'gates_table', 'gate_pilot', 'plot_loss_curves', 'spread_indices',
-           'attention_objects_table']
+           'random_init_quality', 'teacher_quality', 'pretrain_dataset', 'tiny_teacher', 'get_teacher', 'quality_sets',
+           'quality_kwargs', 'train_teacher_run', 'gate_run', 'plot_cls_attention', 'published_checkpoints',
+           'teacher_names', 'teacher_plan', 'random_init_run', 'saved_teacher_matches', 'teacher_summary',
+           'quality_table', 'manifest_table', 'teacher_words', 'quality_regime', 'check_beats_random', 'gates_table',
+           'gate_pilot', 'plot_loss_curves', 'spread_indices', 'attention_objects_table']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -151,7 +160,7 @@ class MAE(nn.Module):
         if pe.patch_size[0] != pe.patch_size[1] or pe.grid_size[0] != pe.grid_size[1]:
             raise ValueError(f"MAE: square patches on a square grid only, got patch {pe.patch_size}, grid {pe.grid_size}")
         self.mask_ratio, self.norm_pix_loss = float(mask_ratio), bool(norm_pix_loss)
-        D, L = encoder.embed_dim, pe.num_patches
+        D = encoder.embed_dim
         self.decoder_embed = nn.Linear(D, decoder_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_dim))
         self.decoder_pos_embed = nn.Parameter(sincos_pos_embed(decoder_dim, self.grid)[None], requires_grad=False)
@@ -585,61 +594,13 @@ def teacher_quality(encoder: nn.Module, train_data, val_data, baseline: bool | d
                         seed=seed, **quality_kw)
     q.update(n_train=len(train_data), n_val=len(val_data), feature="cls_after_final_norm")
     if baseline is not False:
-        rnd = baseline if isinstance(baseline, dict) else random_init_quality(
-            {k: v for k, v in encoder.student_cfg.items() if k != "num_classes"}, train_data, val_data, seed,
-            batch_size, **quality_kw)
+        rnd = baseline if isinstance(baseline, dict) else random_init_quality(encoder.student_cfg, train_data, val_data,
+                                                                              seed, batch_size, **quality_kw)
         q.update({f"random_{k}": v for k, v in rnd.items()})
         q["better_than_random"] = bool(q["knn_top1"] > rnd["knn_top1"] and q["linear_top1"] > rnd["linear_top1"])
     return q
 
 # %% ../nbs/11_pretrain.ipynb #cb44973a
-TINY_ARCH = dict(img_size=64, patch_size=8, embed_dim=32, depth=2, num_heads=2)
-
-def tiny_teacher(algorithm: str = "mae", data: str = "tiny-imagenet-sample", arch: dict | None = None,
-                 epochs: int = 1, seed: int = 0, lr: float = 1e-3) -> VisionTransformer:
-    "A 1-epoch `algorithm` ('mae' | 'dino' | 'supervised') ViT pre-trained on `data` (smoke runs only), cached."
-    from attnrepro.core import cache_dir, config_hash
-    from attnrepro.data import get_dataset, train_transform
-    from attnrepro.models import load_teacher, save_teacher
-    if algorithm not in ("mae", "dino", "supervised"):
-        raise ValueError(f"tiny_teacher: unknown algorithm {algorithm!r}; valid: 'mae', 'dino', 'supervised'")
-    arch = dict(arch or TINY_ARCH)
-    spec = dict(algorithm=algorithm, data=data, arch=arch, epochs=epochs, seed=seed, lr=lr)
-    name, folder = f"tiny_{algorithm}_{config_hash(spec, 12)}", cache_dir("tiny_teachers")
-    if (folder / f"{name}.json").is_file() and (folder / f"{name}.safetensors").is_file():
-        return load_teacher(name, teacher_dir=folder)
-    img = arch["img_size"]
-    cfg = TrainConfig(epochs=epochs, batch_size=50, lr=lr, warmup_epochs=0, weight_decay=0.05, seed=seed)
-    kw = dict(log_every=1, progress=False)
-    if algorithm == "mae":
-        enc, res = pretrain_mae(get_dataset(data, "train", transform=mae_transform(img)), arch, cfg,
-                                decoder_dim=32, decoder_depth=1, decoder_heads=2, **kw)
-    elif algorithm == "dino":
-        enc, res = pretrain_dino(get_dataset(data, "train", transform=MultiCropTransform(img, n_local=2)), arch, cfg,
-                                 out_dim=64, hidden_dim=32, bottleneck_dim=16, warmup_teacher_temp_epochs=1, **kw)
-    else:
-        enc, res = pretrain_supervised(get_dataset(data, "train", transform=train_transform("weak", img)), arch, cfg, **kw)
-    save_teacher(enc, name, meta=dict(algorithm=algorithm, dataset=data, epochs=epochs, profile="smoke",
-                                      note="tiny smoke teacher: meaningless", epoch_loss=res["epoch_loss"]),
-                 dir=folder, overwrite=True)
-    return load_teacher(name, teacher_dir=folder)
-
-def get_teacher(spec: str | dict) -> nn.Module:
-    "The teacher a profile names: a `load_teacher` name/path (str) or `tiny_teacher` kwargs (dict), in eval mode."
-    from attnrepro.models import load_teacher
-    if isinstance(spec, str): return load_teacher(spec)
-    if isinstance(spec, dict): return tiny_teacher(**spec)
-    raise TypeError(f"get_teacher: expected a teacher name (str) or tiny_teacher kwargs (dict), got {type(spec).__name__}")
-
-# %% ../nbs/11_pretrain.ipynb #b1b608ad
-import json, time
-from collections.abc import Mapping
-
-from .core import git_commit
-from .data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset, train_transform
-from .dryrun import dry_run_steps
-from .models import save_teacher
-
 def pretrain_dataset(spec: Mapping, img_size: int):
     "The pre-training set of a teacher spec, with its algorithm's augmentation."
     algo, aug = spec["algorithm"], spec.get("augment") or {}
@@ -653,12 +614,42 @@ def pretrain_dataset(spec: Mapping, img_size: int):
     ds = get_dataset(d["name"], d.get("split", "train"), transform=tf)
     return class_balanced_subset(ds, per_class=d["per_class"], seed=0) if d.get("per_class") else ds
 
+TINY_ARCH = dict(img_size=64, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+_PRETRAIN = {"mae": pretrain_mae, "dino": pretrain_dino, "supervised": pretrain_supervised}   # by algorithm
+
+def tiny_teacher(algorithm: str = "mae", data: str = "tiny-imagenet-sample", arch: dict | None = None,
+                 epochs: int = 1, seed: int = 0, lr: float = 1e-3) -> VisionTransformer:
+    "A 1-epoch `algorithm` ('mae' | 'dino' | 'supervised') ViT pre-trained on `data` (smoke runs only), cached."
+    if algorithm not in ("mae", "dino", "supervised"):
+        raise ValueError(f"tiny_teacher: unknown algorithm {algorithm!r}; valid: 'mae', 'dino', 'supervised'")
+    arch = dict(arch or TINY_ARCH)
+    spec = dict(algorithm=algorithm, data=data, arch=arch, epochs=epochs, seed=seed, lr=lr)
+    name, folder = f"tiny_{algorithm}_{config_hash(spec, 12)}", cache_dir("tiny_teachers")
+    if (folder / f"{name}.json").is_file() and (folder / f"{name}.safetensors").is_file():
+        return load_teacher(name, teacher_dir=folder)
+    cfg = TrainConfig(epochs=epochs, batch_size=50, lr=lr, warmup_epochs=0, weight_decay=0.05, seed=seed)
+    aug = dict(n_local=2, global_scale=(0.25, 1.0), local_scale=(0.05, 0.25), preset="weak")   # MultiCropTransform's
+    ds = pretrain_dataset(dict(algorithm=algorithm, data={"name": data}, augment=aug), arch["img_size"])
+    kw = {"mae": dict(decoder_dim=32, decoder_depth=1, decoder_heads=2), "supervised": {},
+          "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16, warmup_teacher_temp_epochs=1)}[algorithm]
+    enc, res = _PRETRAIN[algorithm](ds, arch, cfg, log_every=1, progress=False, **kw)
+    save_teacher(enc, name, meta=dict(algorithm=algorithm, dataset=data, epochs=epochs, profile="smoke",
+                                      note="tiny smoke teacher: meaningless", epoch_loss=res["epoch_loss"]),
+                 dir=folder, overwrite=True)
+    return load_teacher(name, teacher_dir=folder)
+
+def get_teacher(spec: str | dict) -> nn.Module:
+    "The teacher a profile names: a `load_teacher` name/path (str) or `tiny_teacher` kwargs (dict), in eval mode."
+    if isinstance(spec, str): return load_teacher(spec)
+    if isinstance(spec, dict): return tiny_teacher(**spec)
+    raise TypeError(f"get_teacher: expected a teacher name (str) or tiny_teacher kwargs (dict), got {type(spec).__name__}")
+
+# %% ../nbs/11_pretrain.ipynb #b1b608ad
 DRY_QUALITY = 32   # a dry run scores quality (k-NN, probe, CLS entropy, attention maps) on this many images of each set
 
 def quality_sets(quality: Mapping, img_size: int, per_class_train=None, per_class_val=None):
-    """Labelled train / val sets of a quality spec's data with the eval transform (optionally class-balanced subsets).
-    In a dry run (`dry_run_steps()`) each is cut to `DRY_QUALITY` images spread over it: the dry run costs training,
-    and a random-init baseline on 60k CIFAR-10 images alone takes many CPU minutes; its quality numbers mean nothing."""
+    """Labelled train / val sets of a quality spec's data, eval transform, optionally class-balanced. A dry run cuts
+    each to `DRY_QUALITY` spread images (a random-init baseline on 60k CIFAR-10 images alone takes CPU minutes)."""
     tf = eval_transform(img_size)
     tr = get_dataset(quality["data"], "train", transform=tf)
     va = get_dataset(quality["data"], quality.get("val_split", "val"), transform=tf)
@@ -674,9 +665,8 @@ def quality_kwargs(quality: Mapping) -> dict:
 
 def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapping, teacher_dir,
                       progress: bool | None = None) -> dict:
-    """Pre-train the teacher of a config with its algorithm, score it against `random_q` (a random ViT's quality),
-    save it in `teacher_dir` with its manifest, and return the run's small record. `progress`: a progress bar per
-    epoch (None: the recipe's `progress`; the notebook passes it, so the key is read even where every run is cached)."""
+    """Pre-train a config's teacher, score it against `random_q` (a random ViT's quality), save it in `teacher_dir` with
+    its manifest; returns the run's small record. `progress`: None reads the recipe's (the notebook passes it)."""
     name, spec = config["name"], config["spec"]
     arch, algo = config["arch"], spec["algorithm"]
     img, qual = arch["img_size"], config["quality"]
@@ -686,12 +676,8 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
     val = bank = None
     if mon: bank, val = quality_sets(qual, img, mon["bank_per_class"], mon["val_per_class"])
     progress = bool(recipe.get("progress", False)) if progress is None else progress
-    if algo == "mae":
-        enc, res = pretrain_mae(ds, arch, cfg, ckpt_dir, val_data=val, knn_bank=bank, progress=progress, **opts)
-    elif algo == "dino":
-        enc, res = pretrain_dino(ds, arch, cfg, ckpt_dir, val_data=val, knn_bank=bank, progress=progress, **opts)
-    else:
-        enc, res = pretrain_supervised(ds, arch, cfg, ckpt_dir, val_data=val, progress=progress, **opts)
+    mon_kw = {} if algo == "supervised" else {"knn_bank": bank}   # supervised monitors its val accuracy, no k-NN
+    enc, res = _PRETRAIN[algo](ds, arch, cfg, ckpt_dir, val_data=val, progress=progress, **mon_kw, **opts)
     tr, va = quality_sets(qual, img)
     t0 = time.time()
     q = teacher_quality(enc, tr, va, baseline=random_q, **quality_kwargs(qual))
@@ -712,28 +698,17 @@ def train_teacher_run(config: Mapping, ckpt_dir, recipe: Mapping, random_q: Mapp
                 teacher_params=saved["params"], weights=w.name, size_bytes=w.stat().st_size, n_images=len(ds))
 
 # %% ../nbs/11_pretrain.ipynb #3d2fc4bc
-from .attention import attention_maps
-from .data import denormalize
-from .models import load_teacher
-from .methods import create_method   # the registry: it imports nothing from here
-from .transfer import scratch_student, vit_shape
-
-def gate_sets(recipe: Mapping, task: Mapping):
-    "(train subset with the task's augmentation, test set) of a gate task of `recipe`, at the teachers' resolution."
+def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir, progress: bool | None = None) -> dict:
+    """One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher,
+    on the task's data at the teachers' resolution. `progress`: as `train_teacher_run`'s."""
+    task, name = config["task"], config["teacher"]
     d, img = task["data"], recipe["arch"]["img_size"]
     tr = get_dataset(d["name"], d["train_split"], transform=train_transform(task["augment"], img))
     if d.get("per_class"): tr = class_balanced_subset(tr, per_class=d["per_class"], seed=0)
     va = get_dataset(d["name"], d["val_split"], transform=eval_transform(img))
     if d.get("val_per_class"): va = class_balanced_subset(va, per_class=d["val_per_class"], seed=0)
-    return tr, va
-
-def gate_run(config: Mapping, ckpt_dir, recipe: Mapping, teacher_dir, progress: bool | None = None) -> dict:
-    """One student of a gate task: from scratch (`config['teacher']` None) or fine-tuned from the named saved teacher.
-    `progress`: as `train_teacher_run`'s."""
-    task, name = config["task"], config["teacher"]
-    tr, va = gate_sets(recipe, task)
     teacher = load_teacher(name, teacher_dir=teacher_dir) if name else None
-    n_classes = len(get_dataset(task["data"]["name"], task["data"]["train_split"]).classes)
+    n_classes = len(get_dataset(d["name"], d["train_split"]).classes)
     student = scratch_student(vit_shape(teacher) if name else recipe["arch"], n_classes, seed=config["seed"])
     model, method = create_method("finetune" if name else "ce", student, teacher)
     res = fit(model, tr, va, TrainConfig(**task["train"], seed=config["seed"]), method, ckpt_dir=ckpt_dir,
@@ -746,14 +721,12 @@ def plot_cls_attention(models: Mapping[str, nn.Module], x: torch.Tensor, grid: i
     import matplotlib.pyplot as plt
     n_img = len(x)
     fig, axes = plt.subplots(len(models) + 1, n_img, figsize=(1.4 * n_img, 1.45 * (len(models) + 1)), squeeze=False)
-    for j in range(n_img):
-        axes[0][j].imshow(denormalize(x[j]).permute(1, 2, 0).numpy())
+    for j in range(n_img): axes[0][j].imshow(denormalize(x[j]).permute(1, 2, 0).numpy())
     axes[0][0].set_ylabel("image", fontsize=7)
     for i, (name, m) in enumerate(models.items(), start=1):
         with torch.no_grad():
             a = attention_maps(m, x, layers=[-1], cls_only=True)[0].mean(1)[:, 1:].reshape(-1, grid, grid)
-        for j in range(n_img):
-            axes[i][j].imshow(a[j].numpy(), cmap="inferno")
+        for j in range(n_img): axes[i][j].imshow(a[j].numpy(), cmap="inferno")
         axes[i][0].set_ylabel(name.replace("_", "\n", 1), fontsize=6)
     for ax in axes.flat:
         ax.set_xticks([]); ax.set_yticks([])
@@ -762,28 +735,18 @@ def plot_cls_attention(models: Mapping[str, nn.Module], x: torch.Tensor, grid: i
 
 
 # %% ../nbs/11_pretrain.ipynb #91abe796
-import pandas as pd
-
-from .verdicts import Verdict, all_of, arm, difference, greater, pilot_table, reported
-
 def published_checkpoints(recipe: Mapping) -> list[dict]:
     "The paper profile's hub checkpoints, one row per teacher role, each checked against timm's pretrained registry."
-    import timm
     available = set(timm.list_models(pretrained=True))
-    rows = []
-    for role, spec in recipe["teachers"].items():
-        hub = spec["hub"]
-        rows.append(dict(role=role, checkpoint=hub, algorithm=spec["algorithm"], data=spec["data"],
-                         in_timm_registry=hub.startswith("timm:") and hub[len("timm:"):] in available,
-                         run_here="no (needs ImageNet-scale data and GPUs)"))
-    return rows
+    return [dict(role=role, checkpoint=s["hub"], algorithm=s["algorithm"], data=s["data"],
+                 in_timm_registry=s["hub"].startswith("timm:") and s["hub"][len("timm:"):] in available,
+                 run_here="no (needs ImageNet-scale data and GPUs)") for role, s in recipe["teachers"].items()]
 
 def teacher_names(recipe: Mapping, wanted: Sequence[str], profile: str) -> list[str]:
     "The teachers to build: `wanted`, or all of the profile's when empty; an unknown name raises."
     names = list(wanted) or list(recipe["teachers"])
     unknown = sorted(set(names) - set(recipe.get("teachers", {})))
-    if unknown:
-        raise ValueError(f"unknown teachers {unknown}; the {profile} profile has {sorted(recipe['teachers'])}")
+    if unknown: raise ValueError(f"unknown teachers {unknown}; the {profile} profile has {sorted(recipe['teachers'])}")
     return names
 
 def teacher_plan(recipe: Mapping, names: Sequence[str]) -> pd.DataFrame:
@@ -858,28 +821,27 @@ def check_beats_random(name: str, q: Mapping, n_quality: int) -> tuple[str, Verd
 def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapping[tuple, Mapping],
                 cls_entropy: Mapping[str, Mapping] | None = None) -> tuple:
     """The gates table, its caption and the fine-tuning gate claims [(id, text, verdict, evidence, regime)]: the SSL
-    teachers' k-NN / linear ratio to random init, per gate task fine-tune - scratch against the margin over seeds
-    (`gate_runs` by (task, teacher or None, seed); a seed fixes the head's initialisation and the data order of both
-    arms, so the difference is blocked by seed), and, with `gates.cls_entropy_max`, how flat each teacher's
-    last-block CLS row is (`cls_entropy`: {teacher: attnrepro.attention.cls_row_entropy(...)}): GTA guides that row
-    and Attention Copy's student reads the class from it, so a nearly uniform row has nothing to transfer there."""
+    teachers' k-NN / linear ratio to random init; per gate task, fine-tune - scratch against the margin over seeds
+    (`gate_runs` by (task, teacher or None, seed); a seed fixes head init and data order of both arms: blocked by seed);
+    with `gates.cls_entropy_max`, how flat each teacher's last-block CLS row is (`cls_entropy`: {teacher:
+    `cls_row_entropy`}): GTA guides that row, Attention Copy reads the class from it; a flat one transfers nothing."""
     G = recipe["gates"]
     rows, claims = [], []
+    def met(name, gate, measured, ok, short):
+        return dict(teacher=name, gate=gate, measured=measured, verdict="met" if ok else "not met",
+                    shortfall="" if ok else short)
     for name, res in results.items():
         q, algo = res["quality"], recipe["teachers"][name]["algorithm"]
         if G.get("cls_entropy_max") is not None and cls_entropy and name in cls_entropy:
             e, cap = cls_entropy[name], G["cls_entropy_max"]
-            rows.append(dict(teacher=name, gate=f"last-block CLS-row entropy / uniform <= {cap:g}",
-                             measured=f"{e['mean']:.2f} / {e['uniform']:.2f} nats = {e['ratio']:.2f}",
-                             verdict="met" if e["ratio"] <= cap else "not met",
-                             shortfall="" if e["ratio"] <= cap else f"{e['ratio'] - cap:.2f} over"))
-        for metric in ("knn", "linear"):
-            if algo == "supervised": continue
-            ratio = q[f"{metric}_top1"] / q[f"random_{metric}_top1"]
-            rows.append(dict(teacher=name, gate=f"{metric} top-1 / random init >= {G['ssl_ratio']:g}",
-                             measured=f"{q[f'{metric}_top1']:.2f} / {q[f'random_{metric}_top1']:.2f} = {ratio:.2f}x",
-                             verdict="met" if ratio >= G["ssl_ratio"] else "not met",
-                             shortfall="" if ratio >= G["ssl_ratio"] else f"{G['ssl_ratio'] - ratio:.2f}x short"))
+            rows.append(met(name, f"last-block CLS-row entropy / uniform <= {cap:g}",
+                            f"{e['mean']:.2f} / {e['uniform']:.2f} nats = {e['ratio']:.2f}", e["ratio"] <= cap,
+                            f"{e['ratio'] - cap:.2f} over"))
+        for metric in ("knn", "linear") if algo != "supervised" else ():
+            got, rnd, need = q[f"{metric}_top1"], q[f"random_{metric}_top1"], G["ssl_ratio"]
+            rows.append(met(name, f"{metric} top-1 / random init >= {need:g}",
+                            f"{got:.2f} / {rnd:.2f} = {got / rnd:.2f}x", got / rnd >= need,
+                            f"{need - got / rnd:.2f}x short"))
         for task_name, task in (G.get("tasks") or {}).items():
             if (task_name, name, G["seeds"][0]) not in gate_runs: continue
             accs = {t: [gate_runs[(task_name, t, s)]["acc1"] for s in G["seeds"]] for t in (None, name)}
@@ -913,8 +875,7 @@ def gates_table(recipe: Mapping, results: Mapping[str, Mapping], gate_runs: Mapp
 def gate_pilot(recipe: Mapping, task_name: str, gate_runs: Mapping[tuple, Mapping]) -> tuple[pd.DataFrame, str]:
     """The pilot of one gate task and its caption: `pilot_table` of its scratch and fine-tuned runs (floor, seed
     spread, the seeds per arm a third of the fine-tuning gap needs)."""
-    G = recipe["gates"]
-    task = G["tasks"][task_name]
+    G, task = recipe["gates"], recipe["gates"]["tasks"][task_name]
     tried = [t for t in [None] + task["teachers"] if (task_name, t, G["seeds"][0]) in gate_runs]
     runs = {("scratch" if t is None else f"fine-tuned {t}"): [dict(gate_runs[(task_name, t, s)], top1=gate_runs[(task_name, t, s)]["acc1"])
                                                              for s in G["seeds"]] for t in tried}
@@ -952,7 +913,6 @@ def spread_indices(n_total: int, n: int) -> np.ndarray:
 def attention_objects_table(recipe: Mapping, models: Mapping[str, nn.Module], va, grid: int) -> tuple[pd.DataFrame, str]:
     """The attention-objects table and its caption: on boxed val images, the Jaccard of each model's 60 %-mass mask of
     its last-block CLS attention (head mean) with the box, against a centred Gaussian prior (paired over images)."""
-    from attnrepro.evaluate import attention_mask_jaccard, boxes_to_mask, upsample_maps
     n_box = min(recipe.get("attention_box_images", 1000), len(va))
     idx = spread_indices(len(va), n_box)
     x = torch.stack([va[int(i)][0] for i in idx])
