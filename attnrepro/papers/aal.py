@@ -248,7 +248,8 @@ def load_backbone_(student: nn.Module, spec: str) -> None:
         raise ValueError(f"{spec} does not fit the student: missing {missing}, unexpected {unexpected}")
 
 def build_run(config: Mapping, classes, distill: Mapping) -> tuple[nn.Module, Method | None]:
-    "Student and method (None: plain CE) of a run config, `distill` the recipe's; DeiT in distilled mode (decision 1)."
+    """Student and method (None: plain CE) of a run config, `distill` the recipe's. A 'deit' student trains in distilled
+    mode: without a label-distillation term its class head gets the CE and its distillation head none (decision 1)."""
     m, arch = config["method"], dict(config["arch"])
     n_cls, epochs = len(classes), config["train"]["epochs"]
     if m["kind"] not in AAL_METHODS:
