@@ -4,20 +4,18 @@
 
 # %% ../../nbs/15b_gta_paper.ipynb #pgta0004
 from __future__ import annotations
-import dataclasses, math
+import dataclasses, json, math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..attention import on_model_device
-from ..attention import CLS_ENTROPY_GATE, cls_row_entropy
+from ..attention import CLS_ENTROPY_GATE, cls_row_entropy, on_model_device
 from ..evaluate import attention_mass_mask, boxes_to_mask
-from ..losses import gta_loss
-from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Verdict, agreement, all_of, arm,
+from ..verdicts import (IDENTICAL_AGREEMENT, INERT_FIX, INERT_TOLERANCE, Arm, Verdict, agreement, all_of,
                                 arm_agreement, arms_differ, at_least, contrast, difference, gate, greater, less,
-                                pooled_sd, provided, seed_blocked, untestable)
+                                pilot_table, pooled_sd, provided, seed_blocked, untestable)
 
 from ..gta import (ClassGroup, DEFAULT_COEF, attention_jaccard, best_coef, cls_attention, finetune_transform,
                            frozen_copy, grad_norm_summary, heldout_split, target_from_source, tie_text, to_pixels)
@@ -27,20 +25,18 @@ __all__ = ['GRAD_NORM_LOGS', 'GTA_TRAIN_KEYS', 'RUN_SET_FIELDS', 'FINETUNE_DEFAU
            'NO_SPREAD', 'CLAIM_TEXTS', 'COEF_NAME', 'NOT_IN_TEXT', 'load_source', 'target_dataset', 'batch_and_epochs',
            'steps_for', 'target_domain', 'box_target', 'framed_boxes', 'run_config', 'attention_outputs',
            'dry_run_head', 'check_train_keys', 'finetune_train_config', 'gta_method', 'finetune_run',
-           'pretrained_attention_run', 'pilot_arm_source', 'pilot_arm_target', 'pilot_arm_dataset', 'pilot_floor',
-           'pilot_arm_steps', 'pilot_config', 'pilot_name', 'source_cls_entropy', 'source_gate', 'seed_spread',
-           'seeds_arm', 'rate_label', 'not_inert', 'claim_gain_shrinks_with_data', 'claim_beats_other_methods',
-           'claim_logits_beat_other_features', 'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more',
-           'claim_helps_both_sources', 'grad_norm_rows', 'plot_attention_overlays', 'plot_attention_masks',
-           'plot_lambda_sweep', 'GtaRuns', 'pilot_groups', 'pilot_round', 'table_1', 'table_2', 'table_2b', 'table_2c',
-           'seeds_text', 'table_3', 'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6', 'means_text',
-           'table_source_entropy', 'table_agreement', 'table_lambda_limit']
+           'pretrained_attention_run', 'pilot_arm_dataset', 'pilot_floor', 'pilot_config', 'pilot_name',
+           'source_cls_entropy', 'source_gate', 'seed_spread', 'seeds_arm', 'rate_label', 'not_inert',
+           'claim_gain_shrinks_with_data', 'claim_beats_other_methods', 'claim_logits_beat_other_features',
+           'claim_masks_overlap_better', 'claim_transmix_boosts_gta_more', 'claim_helps_both_sources', 'grad_norm_rows',
+           'plot_attention_overlays', 'plot_attention_masks', 'plot_lambda_sweep', 'GtaRuns', 'pilot_groups',
+           'pilot_round', 'table_1', 'table_2', 'table_2b', 'table_2c', 'seeds_text', 'table_3',
+           'trivial_mask_jaccards', 'table_4', 'table_5', 'table_6', 'means_text', 'table_source_entropy',
+           'table_agreement', 'table_lambda_limit']
 
 # %% ../../nbs/15b_gta_paper.ipynb #26a55dbf
-import json
-
 from ..core import seed_everything
-from ..data import class_balanced_subset, eval_frame_boxes, eval_transform, get_dataset
+from ..data import class_balanced_subset, eval_frame_boxes, eval_transform, eval_view, get_dataset
 from ..pretrain import get_teacher
 from ..scale import ProcessCache, dry_run_steps
 from ..methods import create_method, method_info
@@ -66,9 +62,9 @@ def target_dataset(spec: Mapping, which: str, transform):
 
 def batch_and_epochs(n_train: int, train: Mapping) -> tuple[int, int]:
     """The batch and the epochs that give `train['steps']` optimizer steps on `n_train` images. The paper fixes 3k
-    iterations of batch 768 at every rate, yet Oxford-IIIT Pet at 15 % has 555 training images. With `train.small_subset:
-    whole` a subset smaller than the batch trains as one batch of all of it per step (an even count: TransMix pairs the
-    batch), at the recipe's lr; ASSUMED, the text does not say. Without it, such a subset is an error naming the fix."""
+    iterations of batch 768 at every rate, yet Oxford-IIIT Pet at 15 % has 555 training images: with `small_subset:
+    whole` such a subset trains as one even batch (TransMix pairs it) per step at the recipe's lr (ASSUMED, the text
+    does not say); without it, an error naming the fix."""
     batch = train["batch_size"]
     if train.get("small_subset") not in (None, "whole"):
         raise ValueError(f"train.small_subset={train['small_subset']!r}: leave it out (a subset smaller than the batch is "
@@ -116,11 +112,10 @@ def run_config(recipe: Mapping, method: str, dset: str, rate: float, seed: int, 
     P = recipe
     # `heldout` only when the profile sets it, the resolved steps in `train` and not in the dataset spec: the configs
     # (and cache keys) of runs made before either existed stay the same
-    spec = {k: v for k, v in P["datasets"][dset].items() if k != "steps"}
     return dict(method=method, coef=coef, source_kind=source, source=P["sources"][source], dataset_key=dset,
-                dataset=spec, rate=rate, seed=seed, train={**P["train"], "steps": steps_for(P, dset, rate)},
-                img_size=P["img_size"], keep_mass=P["keep_mass"],
-                figure_images=P["figure_images"] if dset == box_target(P) else 0,
+                dataset={k: v for k, v in P["datasets"][dset].items() if k != "steps"}, rate=rate, seed=seed,
+                train={**P["train"], "steps": steps_for(P, dset, rate)}, img_size=P["img_size"],
+                keep_mass=P["keep_mass"], figure_images=P["figure_images"] if dset == box_target(P) else 0,
                 **({"heldout": P["heldout"]} if P.get("heldout") else {}))
 
 def attention_outputs(model: nn.Module, test, config: Mapping) -> dict:
@@ -158,9 +153,8 @@ def check_train_keys(t: Mapping, where: str = "train"):
     ones it needs present, and every other one a `TrainConfig` field that a run does not set itself (`RUN_SET_FIELDS`)."""
     missing = [k for k in ("steps", "batch_size", "lr", "weight_decay", "drop_path", "randaugment") if k not in t]
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    own = set(GTA_TRAIN_KEYS) | {"batch_size"}
     refused = {k: RUN_SET_FIELDS[k] for k in t if k in RUN_SET_FIELDS}
-    unknown = sorted(k for k in t if k not in fields and k not in own)
+    unknown = sorted(k for k in t if k not in fields and k not in GTA_TRAIN_KEYS and k != "batch_size")
     if missing or refused or unknown:
         raise ValueError(f"papers/gta/profiles.yaml {where}: " + "; ".join(
             ([f"{missing} missing: a fine-tuning run needs each"] if missing else [])
@@ -169,11 +163,9 @@ def check_train_keys(t: Mapping, where: str = "train"):
                f"field of attnrepro.train.TrainConfig: {', '.join(sorted(fields - set(RUN_SET_FIELDS)))})" for k in unknown]))
 
 def finetune_train_config(t: Mapping, batch: int, epochs: int, seed: int, overrides: Mapping | None = None) -> TrainConfig:
-    """The `TrainConfig` of one fine-tuning run from its recipe's `train` section `t` (`check_train_keys`): `batch` and
-    `epochs` from `batch_and_epochs`, the run's `seed`, and every key of `t` but `GTA_TRAIN_KEYS` and `batch_size` as it
-    is (absent: `FINETUNE_DEFAULTS`, else TrainConfig's defaults; YAML lists become tuples), so no key of the recipe is
-    dropped. `overrides`: the method's own (`TransferMethod.train_overrides`: L2-SP replaces weight decay by its penalty
-    towards the start, Li et al.)."""
+    """The `TrainConfig` of a fine-tuning run from its recipe's `train` section `t` (`check_train_keys`): `batch`,
+    `epochs` (`batch_and_epochs`), `seed`, every other key as it is (absent: `FINETUNE_DEFAULTS`; YAML lists become
+    tuples), then the method's `overrides` (`TransferMethod.train_overrides`: L2-SP's penalty replaces weight decay)."""
     check_train_keys(t)
     passed = {k: tuple(v) if isinstance(v, list) else v for k, v in t.items()
               if k not in GTA_TRAIN_KEYS and k != "batch_size"}
@@ -214,8 +206,7 @@ def finetune_run(config: Mapping, ckpt_dir) -> dict:
     # n_test: the images scored (a dry run scores two batches: its hits cover those, not the test set)
     n_test = res["final"]["n"] if dry_run_steps() else len(test)
     out = dict(acc1=res["final"]["acc1"], n_train=len(train), n_test=n_test, epochs=epochs, steps=res["steps"],
-               batch_size=batch,
-               train_time_s=round(res["wall_time_s"], 2), correct=res["final"]["correct"],
+               batch_size=batch, train_time_s=round(res["wall_time_s"], 2), correct=res["final"]["correct"],
                losses={k: v for k, v in res["history"][-1].items() if k.startswith("loss")},
                # per logged step: the norm of each weighted term's gradient (all trainable / backbone without the head)
                grad_norms=[{k: (v if k == "step" else float(f"{v:.4g}")) for k, v in r.items()}
@@ -235,12 +226,6 @@ def pretrained_attention_run(config: Mapping, ckpt_dir=None) -> dict:
 # the pilot's arms: each fine-tunes from `source` (default: the pilot's) on `dataset` (default: the pilot's own, 'out';
 # else a key of the recipe's datasets) for `steps` (default: the pilot's train.steps); absent keys leave the configs
 # (cache keys) of earlier pilot runs unchanged
-def pilot_arm_source(pilot: Mapping, arm: Mapping):
-    return arm.get("source", pilot["source"])
-
-def pilot_arm_target(arm: Mapping) -> str:
-    return arm.get("dataset", "out")
-
 def pilot_arm_dataset(recipe: Mapping, arm: Mapping) -> dict:
     "The dataset spec a pilot arm fine-tunes on."
     if "dataset" not in arm:
@@ -256,16 +241,13 @@ def pilot_floor(pilot: Mapping, target: str) -> float:
         raise KeyError(f"pilot.floor has no entry for target {target!r} (it has {list(f)}): add one")
     return f[target] if isinstance(f, dict) else f
 
-def pilot_arm_steps(pilot: Mapping, arm: Mapping) -> int:
-    return arm.get("steps", pilot["train"]["steps"])
-
 def pilot_config(recipe: Mapping, arm: Mapping, seed: int) -> dict:
     "The config of one pilot run (`finetune_run` trains it)."
     PL = recipe["pilot"]
     return dict(method=arm["method"], coef=arm.get("coef"), source_kind=arm.get("source_kind", "ssl"),
-                source=pilot_arm_source(PL, arm), dataset_key=arm.get("dataset", "pilot"),
+                source=arm.get("source", PL["source"]), dataset_key=arm.get("dataset", "pilot"),
                 dataset=pilot_arm_dataset(recipe, arm), rate=arm["rate"], seed=seed,
-                train={**PL["train"], "steps": pilot_arm_steps(PL, arm)}, img_size=recipe["img_size"],
+                train={**PL["train"], "steps": arm.get("steps", PL["train"]["steps"])}, img_size=recipe["img_size"],
                 keep_mass=recipe["keep_mass"], figure_images=0, **({"center": True} if arm.get("center") else {}))
 
 def pilot_name(a: Mapping) -> str:
@@ -283,16 +265,15 @@ def source_cls_entropy(spec, dataset: Mapping, img_size: int, max_images: int = 
     src = load_source(spec)   # outside no_grad: at smoke the tiny source is trained here, on first use
     test = target_dataset(dataset, "test", eval_transform(img_size))
     n = min(len(test), max_images)
-    total, uniform, n_done = None, None, 0
+    parts = []   # per batch: its per-head entropies weighted by its size, and the uniform row's entropy
     for i in range(0, n, batch_size):
         x = torch.stack([test[j][0] for j in range(i, min(n, i + batch_size))])
         with torch.no_grad():
             e = cls_row_entropy(src, on_model_device(src, x))
-        ph = np.asarray(e["per_head"]) * len(x)
-        total, uniform, n_done = ph if total is None else total + ph, e["uniform"], n_done + len(x)
-    per_head = total / n_done
+        parts.append((np.asarray(e["per_head"]) * len(x), e["uniform"]))
+    per_head, uniform = sum(p for p, _ in parts) / n, parts[-1][1]
     return dict(per_head=per_head.tolist(), mean=float(per_head.mean()), uniform=uniform,
-                ratio=float(per_head.mean()) / uniform, n_images=n_done)
+                ratio=float(per_head.mean()) / uniform, n_images=n)
 
 def source_gate(entropy: Mapping, source: str, target: str) -> Verdict:
     "Precondition (`gate`): the source's last-block CLS row is peaked enough to guide towards (ratio <= CLS_ENTROPY_GATE)."
@@ -320,11 +301,9 @@ def seed_spread(arms: Iterable[Arm]) -> tuple[float, float] | None:
 
 def seeds_arm(values, name: str = "", n_test: int | None = None, spread: tuple[float, float] | None = None,
               hits=None, seeds: Sequence[int] = ()) -> Arm:
-    """An `Arm` of per-seed values (`seeds` names them, `hits` carries each seed's per-image top-1 hits). A run's seed
-    fixes its training subset, its new head's initialisation and its batch order, so arms of the same seeds are paired
-    twice: seed by seed (`verdicts.seed_blocked`) and image by image (`hits`). A
-    one-seed row borrows `spread` = (sd, df) from `seed_spread`; without it the row stays as it is and every comparison
-    that needs its noise is `untestable`."""
+    """An `Arm` of per-seed values (`seeds` names them, `hits` carries each seed's per-image top-1 hits: arms of the
+    same seeds pair seed by seed and image by image). A one-seed row borrows `spread` = (sd, df) from `seed_spread`;
+    without it every comparison that needs its noise is `untestable`."""
     v = tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist())
     sd, df = spread if len(v) == 1 and spread is not None else (None, None)
     return Arm(v, name, n_test, sd, df, hits=hits, seeds=tuple(seeds))
@@ -340,10 +319,7 @@ def _compare(terms: Sequence[tuple[float, Arm]], label: str, margin: float = 0.0
     """`test` (greater / less) of the contrast `terms` against `margin` (blocked by seed where the arms allow it,
     `seed_blocked`; else `contrast`, paired on the test images where every arm carries hits), `provided` the
     preconditions `pre` hold; untestable when it cannot be made."""
-    weights: dict[int, float] = {}
-    for w, a in terms:
-        weights[id(a)] = weights.get(id(a), 0.0) + w
-    if any(w == 0 for w in weights.values()):
+    if any(sum(w for w, b in terms if b is a) == 0 for _, a in terms):   # an arm's weights cancel
         return untestable("a row is compared with itself (the same run on both sides)", label)
     silent = sorted({a.name for _, a in terms if a.n < 2 and a.sd_seed is None})
     if silent:
@@ -356,14 +332,9 @@ def _beats(a: Arm, b: Arm, label: str, margin: float = 0.0, pre: Sequence[Verdic
 
 # -- inert arms: a method arm that changed nothing against the arm it modifies ------------------------------------
 def not_inert(a: Arm, b: Arm, fix: str = INERT_FIX, tolerance: float = INERT_TOLERANCE) -> Verdict:
-    """Precondition: method arm `a` changed training against `b`, the arm it modifies (naive fine-tuning, say), by the
-    library's rule (`arms_differ`): inert when seed for seed the two agree on at least `IDENTICAL_AGREEMENT` % of the
-    test images (two runs of one config and seed agree on all of them here: BSS run 8279250f76230cac has the hits of
-    fine-tuning run 4ddf3c2d1923cbab), or when across seeds they agree about as often as two seeds of one arm. One
-    exception to the second test: an arm whose paired effect on `b` (blocked by seed and paired per image,
-    `seed_blocked`) is resolved, its 95 % interval excluding 0, did change the outcome, and is active. At this
-    profile's ~75 % seed-to-seed agreement, a consistent 2-point shift moves the across-seed agreement by less than
-    the 1-point tolerance, so that test alone would call such an arm inert. Untestable (inert) names `fix`."""
+    """Precondition: method arm `a` changed training against `b`, the arm it modifies (`arms_differ`; the rule and its
+    exception, a resolved paired effect, are under Claims above; BSS run 8279250f76230cac has the hits of fine-tuning
+    run 4ddf3c2d1923cbab). Untestable (inert) names `fix`."""
     v = arms_differ(a, b, fix=fix, tolerance=tolerance)
     if v.verdict != "untestable" or a.hits is None or b.hits is None:
         return v
@@ -377,17 +348,11 @@ def not_inert(a: Arm, b: Arm, fix: str = INERT_FIX, tolerance: float = INERT_TOL
     return v
 
 # %% ../../nbs/15b_gta_paper.ipynb #c1a1e5x2
-def _pre(pre: Mapping | None, key) -> list[Verdict]:
-    "The preconditions of every part keyed `key` (a dataset, a setting; claim 6: (source, dataset)), none when absent."
-    return list((pre or {}).get(key, ()))
-
 def _per_key(parts: Mapping, pre: Mapping | None, label: str, extra: Mapping | None = None) -> Verdict:
-    """The conjunction over keys of each key's parts (`parts[key]`: verdicts), each key's parts `provided` its
-    preconditions (`pre[key]` and `extra[key]`), stated once per key."""
-    def key_verdict(k, ps):
-        v = ps[0] if len(ps) == 1 else all_of(ps)   # each part names its key
-        return provided(_pre(pre, k) + _pre(extra, k), v)
-    return all_of([key_verdict(k, ps) for k, ps in parts.items()], label)
+    """The conjunction over keys (a dataset, a setting; claim 6: (source, dataset)) of each key's parts (`parts[key]`:
+    verdicts, each naming its key), `provided` its preconditions (`pre[key]` and `extra[key]`, none when absent)."""
+    return all_of([provided([*(pre or {}).get(k, ()), *(extra or {}).get(k, ())], ps[0] if len(ps) == 1 else all_of(ps))
+                   for k, ps in parts.items()], label)
 
 def claim_gain_shrinks_with_data(gta: Mapping[str, Mapping[float, Arm]], baseline: Mapping[str, Mapping[float, Arm]],
                                  margin: float = 0.0, pre: Mapping[str, Sequence[Verdict]] | None = None) -> Verdict:
@@ -397,16 +362,14 @@ def claim_gain_shrinks_with_data(gta: Mapping[str, Mapping[float, Arm]], baselin
     it reads (`not_inert`) and the dataset's preconditions `pre[dataset]` (a source gate, the regime's floor)."""
     parts = {}
     for d, by_rate in gta.items():
-        parts[d] = []
-        rates = sorted(by_rate)
+        rates, low = sorted(by_rate), min(by_rate)
         gain = {r: [(1.0, by_rate[r]), (-1.0, baseline[d][r])] for r in rates}
         active = {r: not_inert(by_rate[r], baseline[d][r]) for r in rates}
-        parts[d] += [_beats(by_rate[r], baseline[d][r], f"{d} {rate_label(r)}: GTA - baseline", margin, [active[r]])
-                     for r in rates]
+        parts[d] = [_beats(by_rate[r], baseline[d][r], f"{d} {rate_label(r)}: GTA - baseline", margin, [active[r]])
+                    for r in rates]
         if len(rates) < 2:
             parts[d].append(untestable("one sampling rate: no trend to test", f"{d}: gain vs data"))
             continue
-        low = rates[0]
         parts[d] += [_compare(gain[low] + [(-w, a) for w, a in gain[r]],
                               f"{d}: gain at {rate_label(low)} - gain at {rate_label(r)}",
                               pre=[active[low], active[r]]) for r in rates[1:]]
@@ -420,33 +383,30 @@ def claim_gain_shrinks_with_data(gta: Mapping[str, Mapping[float, Arm]], baselin
 
 def claim_beats_other_methods(gta: Mapping[str, Arm], others: Mapping[str, Mapping[str, Arm]], margin: float = 0.0,
                               baseline: Mapping[str, Arm] | None = None,
-                              pre: Mapping[str, Sequence[Verdict]] | None = None) -> Verdict:
+                              pre: Mapping[str, Sequence[Verdict]] | None = None,
+                              label: str = "GTA beats every other method") -> Verdict:
     """Claim 2: per dataset `d`, GTA (`gta[d]`) - each other method (`others[d][method]`) > `margin`; the conjunction.
     With `baseline[d]` (naive fine-tuning), each part needs both GTA and the other method active against it
     (`not_inert`: an inert method is naive fine-tuning under another name); `pre[d]`: the dataset's preconditions."""
     def active(a, d):
         return [not_inert(a, baseline[d])] if baseline is not None and a is not baseline[d] else []
     return _per_key({d: [_beats(gta[d], a, f"{d}: GTA - {m}", margin, active(gta[d], d) + active(a, d))
-                         for m, a in others[d].items()] for d in others}, pre, "GTA beats every other method")
+                         for m, a in others[d].items()] for d in others}, pre, label)
 
 def claim_logits_beat_other_features(gta: Mapping[str, Arm], block: Mapping[str, Arm], msa: Mapping[str, Arm],
                                      margin: float = 0.0, baseline: Mapping[str, Arm] | None = None,
                                      pre: Mapping[str, Sequence[Verdict]] | None = None) -> Verdict:
-    """Claim 3: per setting (dataset, rate), GTA - block-output guidance and GTA - MSA-output guidance > `margin`. With
-    `baseline[k]`, each guided arm must be active against naive fine-tuning (`not_inert`); `pre[k]`: preconditions."""
-    def active(a, k):
-        return [not_inert(a, baseline[k])] if baseline is not None else []
-    return _per_key({k: [_beats(gta[k], other[k], f"{k}: GTA - {what}", margin, active(gta[k], k) + active(other[k], k))
-                         for what, other in (("block output guide", block), ("MSA output guide", msa))] for k in gta},
-                    pre, "attention logits beat both other features")
+    """Claim 3: per setting (dataset, rate), GTA - block-output guidance and GTA - MSA-output guidance > `margin`
+    (`claim_beats_other_methods` with the two guides as the other methods: `baseline`, `pre` as there)."""
+    guides = {k: {"block output guide": block[k], "MSA output guide": msa[k]} for k in gta}
+    return claim_beats_other_methods(gta, guides, margin, baseline, pre, "attention logits beat both other features")
 
 def claim_masks_overlap_better(gta: Mapping[str, Arm], baseline: Mapping[str, Arm], margin: float = 0.0,
                                trivial: Mapping[str, float] | None = None,
                                pre: Mapping[str, Sequence[Verdict]] | None = None) -> Verdict:
-    """Claim 4: per setting, GTA's attention-mask Jaccard - the fine-tuned baseline's > `margin`. `trivial`: the Jaccard
-    of image-agnostic masks (the whole image, a centre prior: `trivial_mask_jaccards`); when neither arm's masks beat
-    the best of them, the Jaccard does not measure where the model looks and the setting is untestable; `pre[k]`:
-    further preconditions."""
+    """Claim 4: per setting, GTA's attention-mask Jaccard - the fine-tuned baseline's > `margin`; untestable where
+    neither beats the best image-agnostic mask of `trivial` (`trivial_mask_jaccards`): the Jaccard then does not
+    measure where a model looks. `pre[k]`: further preconditions."""
     def floor(k):
         if not trivial: return []
         name, best = max(trivial.items(), key=lambda kv: kv[1])
@@ -459,9 +419,8 @@ def claim_masks_overlap_better(gta: Mapping[str, Arm], baseline: Mapping[str, Ar
 def claim_transmix_boosts_gta_more(baseline: Mapping[str, Arm], transmix: Mapping[str, Arm], gta: Mapping[str, Arm],
                                    gta_transmix: Mapping[str, Arm], margin: float = 0.0,
                                    pre: Mapping[str, Sequence[Verdict]] | None = None) -> Verdict:
-    """Claim 5: per setting, (GTA+TransMix - GTA) - (baseline+TransMix - baseline) > `margin` (the interaction). Each
-    part needs TransMix active on both (`not_inert`: TransMix vs the baseline, GTA+TransMix vs GTA) and GTA active
-    against the baseline; `pre[k]`: preconditions."""
+    """Claim 5: per setting, (GTA+TransMix - GTA) - (baseline+TransMix - baseline) > `margin` (the interaction), with
+    TransMix active on both and GTA on the baseline (`not_inert`); `pre[k]`: preconditions."""
     return _per_key({k: [_compare([(1.0, gta_transmix[k]), (-1.0, gta[k]), (-1.0, transmix[k]), (1.0, baseline[k])],
                                   f"{k}: TransMix gain on GTA - on baseline", margin,
                                   pre=[not_inert(transmix[k], baseline[k]), not_inert(gta[k], baseline[k]),
@@ -487,8 +446,7 @@ def grad_norm_rows(runs_df, labels: Mapping[str, str]) -> list[dict]:
     the CE gradient norm on the backbone and each term's log10 ratio to it (backbone and all parameters)."""
     rows = []
     for r in runs_df.itertuples():
-        log = r.grad_norms if "grad_norms" in runs_df and isinstance(r.grad_norms, list) else []
-        s = grad_norm_summary(log)
+        s = grad_norm_summary(r.grad_norms if "grad_norms" in runs_df and isinstance(r.grad_norms, list) else [])
         for term in [k for k in s if f"{k}_backbone" in s and k != "ce"]:
             # logs as numbers (the table's 2-decimal format would print a 1e-5 ratio as 0.00); coef as text
             rows.append(dict(dataset=labels[r.dataset], method=r.method, fraction=f"{round(100 * r.rate):d}%",
@@ -499,46 +457,44 @@ def grad_norm_rows(runs_df, labels: Mapping[str, str]) -> list[dict]:
                                 "steps logged": s["n_steps"]}))
     return rows
 
-def plot_attention_overlays(images: Sequence[np.ndarray], cols: Sequence[tuple[str, np.ndarray]], title: str):
-    "Figure 1: each (H, W, 3) image, then each column's CLS attention map (its `maps[i]`) over it, upsampled."
+def _image_grid(images: Sequence[np.ndarray], cols: Sequence[tuple[str, np.ndarray]], title: str, draw):
+    "Figures 1 and 3: a row of panels per image, drawn by `draw(ax, i, image, col)`: col None, then each of `cols`."
     import matplotlib.pyplot as plt
-    n_img = len(images)
-    fig, ax = plt.subplots(n_img, len(cols) + 1, figsize=(1.6 * (len(cols) + 1), 1.6 * n_img), squeeze=False)
+    n_img, n_col = len(images), len(cols) + 1
+    fig, ax = plt.subplots(n_img, n_col, figsize=(1.6 * n_col, 1.6 * n_img), squeeze=False)
     for i, im in enumerate(images):
-        ax[i, 0].imshow(im)
-        for j, (name, maps) in enumerate(cols, start=1):
-            m = to_pixels(torch.tensor(maps[i:i + 1]), im.shape[:2])[0].numpy()
-            ax[i, j].imshow(im)
-            ax[i, j].imshow(m / m.max(), cmap="Reds", alpha=0.6)
-            if i == 0:
-                ax[i, j].set_title(name, fontsize=7)
-        ax[0, 0].set_title("image", fontsize=7)
-    for a in ax.ravel():
-        a.axis("off")
+        for j, col in enumerate([None, *cols]):
+            draw(ax[i, j], i, im, col)
+            ax[i, j].axis("off")
     fig.suptitle(title, fontsize=8)
     return fig
+
+def plot_attention_overlays(images: Sequence[np.ndarray], cols: Sequence[tuple[str, np.ndarray]], title: str):
+    "Figure 1: each (H, W, 3) image, then each column's CLS attention map (its `maps[i]`) over it, upsampled."
+    def draw(a, i, im, col):
+        a.imshow(im)
+        if col is not None:
+            m = to_pixels(torch.tensor(col[1][i:i + 1]), im.shape[:2])[0].numpy()
+            a.imshow(m / m.max(), cmap="Reds", alpha=0.6)
+        if i == 0:
+            a.set_title("image" if col is None else col[0], fontsize=7)
+    return _image_grid(images, cols, title, draw)
 
 def plot_attention_masks(images: Sequence[np.ndarray], boxes: Sequence, cols: Sequence[tuple[str, np.ndarray]],
                          keep_mass: float, title: str):
     "Figure 3: each image with its box outline, then each column's keep-mass attention mask over it and its Jaccard."
-    import matplotlib.pyplot as plt
-    n_img = len(images)
-    fig, ax = plt.subplots(n_img, len(cols) + 1, figsize=(1.6 * (len(cols) + 1), 1.6 * n_img), squeeze=False)
-    for i, im in enumerate(images):
-        h, w = im.shape[:2]
-        box = boxes_to_mask(boxes[i], h, w).numpy()
-        ax[i, 0].imshow(im); ax[i, 0].contour(box, levels=[0.5], colors="lime", linewidths=1)
-        for j, (name, maps) in enumerate(cols, start=1):
-            keep = attention_mass_mask(torch.tensor(maps[i]), keep_mass)
-            mask = to_pixels(keep[None].float(), (h, w))[0].numpy() > 0.5
-            ax[i, j].imshow(im * mask[..., None] + (im * 0.25 * ~mask[..., None]).astype(im.dtype))
-            ax[i, j].contour(box, levels=[0.5], colors="lime", linewidths=1)
+    def draw(a, i, im, col):
+        box = boxes_to_mask(boxes[i], *im.shape[:2]).numpy()
+        if col is None:
+            a.imshow(im)
+        else:
+            keep = attention_mass_mask(torch.tensor(col[1][i]), keep_mass)
+            mask = to_pixels(keep[None].float(), im.shape[:2])[0].numpy() > 0.5
+            a.imshow(im * mask[..., None] + (im * 0.25 * ~mask[..., None]).astype(im.dtype))
             iou = (mask & box.astype(bool)).sum() / max((mask | box.astype(bool)).sum(), 1)
-            ax[i, j].set_title(f"{name}: J={100 * iou:.0f}" if i == 0 else f"J={100 * iou:.0f}", fontsize=7)
-    for a in ax.ravel():
-        a.axis("off")
-    fig.suptitle(title, fontsize=8)
-    return fig
+            a.set_title(f"{col[0]}: J={100 * iou:.0f}" if i == 0 else f"J={100 * iou:.0f}", fontsize=7)
+        a.contour(box, levels=[0.5], colors="lime", linewidths=1)
+    return _image_grid(images, cols, title, draw)
 
 def plot_lambda_sweep(curves: Mapping[str, Mapping[str, tuple]], title: str):
     "Figure 4: per dataset {label: {rate label: (lambdas, top-1s, baseline top-1)}} GTA's top-1 against lambda (log)."
@@ -560,9 +516,7 @@ from functools import cached_property
 
 import pandas as pd
 
-from ..data import eval_view
 from ..report import load_reported
-from ..verdicts import pilot_table
 
 NOT_IN_TEXT = "value not in the source text"
 
@@ -588,11 +542,9 @@ class GtaRuns:
             check_train_keys(recipe["pilot"]["train"], "pilot.train")
 
     def table_seeds(self, table: int, rate: float) -> list[int]:
-        """The seeds of Table `table`'s own rows at `rate` (3: the block and MSA guides, 5: the TransMix rows, 6: both
-        sources). At the paper profile every headline seed at every rate: the paper repeats each experiment three times
-        (Sec. 4). Elsewhere the first headline seed, except that a profile's `table6_seeds` runs all its seeds at the
-        lowest of `table6_rates` (where claim 6 is decided) and the first of them at the others. The first headline seed
-        chooses each lambda; any other seed runs at the chosen one."""
+        """The seeds of Table `table`'s own rows at `rate` (3: the guides, 5: TransMix, 6: both sources): at the paper
+        profile every headline seed (the paper repeats each experiment three times, Sec. 4); elsewhere the first, but
+        `table6_seeds` at the lowest of `table6_rates`, where claim 6 is decided (the first of them at the others)."""
         if getattr(self.pr, "profile", None) == "paper":
             return [int(s) for s in self.P["seeds"]]
         s = (self.P.get("table6_seeds") if table == 6 else None) or self.P["seeds"][:1]
@@ -631,8 +583,7 @@ class GtaRuns:
 
     def best_lambda(self, d: str, rate: float, source: str = "ssl", method: str = "gta", grid=None) -> float:
         "The lambda of `grid` (default table2_lambdas) with the best seed-0 selection score; a tie is recorded and printed."
-        runs, s0 = self.df, self.P["seeds"][0]
-        grid = grid or self.P["table2_lambdas"]
+        runs, s0, grid = self.df, self.P["seeds"][0], grid or self.P["table2_lambdas"]
         sel = runs[(runs.method == method) & (runs.dataset == d) & (runs.rate == rate) & (runs.source == source)
                    & (runs.seed == s0) & runs.coef.isin(grid)]
         lam, tied = best_coef(dict(zip(sel.coef, sel[self.select_col])))
@@ -682,8 +633,7 @@ class GtaRuns:
     # measured once the grid has run (first use): test-set sizes and each dataset's pooled seed spread
     @cached_property
     def n_test(self) -> dict:
-        runs = self.df
-        return {d: int(runs[runs.dataset == d].n_test.iloc[0]) for d in self.P["datasets"]}
+        return {d: int(self.df[self.df.dataset == d].n_test.iloc[0]) for d in self.P["datasets"]}
 
     @cached_property
     def spread(self) -> dict:
@@ -701,10 +651,9 @@ class GtaRuns:
 
     def row_arm(self, method: str, d: str, rate: float, source: str = "ssl", col: str = "acc1", name=None,
                 seeds=None) -> Arm:
-        """One row as a verdicts Arm (its values in seed order, `seeds` naming them): top-1 with each seed's per-image hits on
-        the test set (so that every contrast between rows of the same seeds is blocked by seed and paired on the test
-        images) and, with one seed, the borrowed spread; Jaccard as measured. `seeds`: only these seeds (e.g. seed 0 of
-        every row, to compare like with like where some rows ran one seed)."""
+        """One row as a verdicts Arm in seed order (`seeds_arm`): top-1 with each seed's per-image hits and, with one
+        seed, the borrowed spread; Jaccard as measured. `seeds`: only these (seed 0 of every row, say, to compare like
+        with like where some rows ran one seed)."""
         acc = col == "acc1"
         sel = self.select(method, d, rate, source, seeds=seeds).sort_values("seed")
         hits = (list(sel.correct) if acc and len(sel) and "correct" in sel
@@ -718,24 +667,20 @@ class GtaRuns:
         a = self.row_arm(method, d, rate, source, seeds=seeds)
         return not_inert(a, self.row_arm(against, d, rate, source, seeds=list(a.seeds) if a.seeds else seeds))
 
-    def floor(self, d: str, source: str = "ssl") -> list[Verdict]:
-        """The regime's own floor as a precondition (`at_least`): naive fine-tuning from `source` on target `d` at the
-        lowest rate must reach the top-1 the profile's pilot set for that target (`pilot_floor`); none without a floor."""
-        PL = self.P.get("pilot") or {}
-        if "floor" not in PL: return []
-        rate = min(self.P["rates"])
-        m, _, n = self.agg("baseline", d, rate, source)
-        return [at_least(m, pilot_floor(PL, d), f"{source.upper()} fine-tuning on {d} at {self.pct(rate)} (top-1, "
-                                                f"mean of {n} seed{'s' if n != 1 else ''}, profile's pilot.floor)")]
-
     def pre(self, d: str, source: str = "ssl") -> list[Verdict]:
-        "Every precondition of a comparison on target `d` from `source`: the source's CLS-row gate there and the floor."
-        return ([self.gates[(source, d)]] if (source, d) in self.gates else []) + self.floor(d, source)
+        """Every precondition of a comparison on target `d` from `source`: the source's CLS-row gate there, and the
+        regime's floor (`at_least`: naive fine-tuning at the lowest rate reaches the profile's `pilot_floor` of `d`)."""
+        gates = [self.gates[(source, d)]] if (source, d) in self.gates else []
+        PL, rate = self.P.get("pilot") or {}, min(self.P["rates"])
+        if "floor" not in PL:
+            return gates
+        m, _, n = self.agg("baseline", d, rate, source)
+        return gates + [at_least(m, pilot_floor(PL, d), f"{source.upper()} fine-tuning on {d} at {self.pct(rate)} "
+                                 f"(top-1, mean of {n} seed{'s' if n != 1 else ''}, profile's pilot.floor)")]
 
     def measure_sources(self, max_images: int = None) -> dict:
-        """The last-block CLS-row entropy of every source on the first `max_images` test images of every target
-        (`source_cls_entropy`), and each source's gate there (`source_gate`, kept in `gates` for `pre`). A dry run
-        measures `DRY_RUN_IMAGES` images (seconds, not minutes: its gates mean nothing)."""
+        """Every source's CLS-row entropy on every target (`source_cls_entropy`) and its gate there (`source_gate`,
+        kept in `gates` for `pre`); a dry run measures `DRY_RUN_IMAGES` images (its gates mean nothing)."""
         n = DRY_RUN_IMAGES if dry_run_steps() else (max_images or ENTROPY_IMAGES)
         self.entropy = {(s, d): source_cls_entropy(self.P["sources"][s], self.P["datasets"][d], self.P["img_size"], n)
                         for s in self.P["sources"] for d in self.P["datasets"]}
@@ -778,19 +723,13 @@ class GtaRuns:
                              f"{int(sel[c].min())}-{int(sel[c].max())}") if c in sel else "?"
             per.append(f"{d}: {rng('n_train')} train images ({', '.join(self.pct(r) for r in P['rates'])}), "
                        f"{rng('steps')} steps of batch {P['train']['batch_size']} ({rng('epochs')} epoch"
-                       f"{'s' if 'epochs' in sel and sel.epochs.max() > 1 else ''}), "
-                       f"{rng('n_test')} test images")
+                       f"{'s' if 'epochs' in sel and sel.epochs.max() > 1 else ''}), {rng('n_test')} test images")
         held = f", {P['heldout']:.0%} of each subset held out to choose lambda" if P.get("heldout") else ""
         return (f"fine-tuning at {P['img_size']} px from sources {src}{held}; " + "; ".join(per))
 
     def maps(self, method: str, rate: float) -> np.ndarray:
         "The CLS maps of the first test images of the box target from the seed-0 SSL run of `method` (GTA: its lambda)."
-        runs = self.df
-        sel = runs[(runs.method == method) & (runs.dataset == self.box_d) & (runs.rate == rate)
-                   & (runs.seed == self.P["seeds"][0]) & (runs.source == "ssl")]
-        if method == "gta":
-            sel = sel[sel.coef == self.best[(self.box_d, rate)]]
-        return np.asarray(sel.maps.iloc[0])
+        return np.asarray(self.select(method, self.box_d, rate, seeds=[self.P["seeds"][0]]).maps.iloc[0])
 
     def box_images(self) -> list[np.ndarray]:
         "The first `figure_images` test images of the box target, as the model sees them (the maps' frame)."
@@ -811,11 +750,11 @@ def pilot_groups(pilot: Mapping) -> list[tuple]:
     table is `pilot_<target>`, with `_<source>` unless the source is the pilot's own."""
     def source_label(source) -> str:   # a teacher name, or tiny-teacher kwargs at smoke
         return source if isinstance(source, str) else "_".join(str(v) for v in source.values())
-    key = lambda a: (source_label(pilot_arm_source(pilot, a)), pilot_arm_target(a))
+    key = lambda a: (source_label(a.get("source", pilot["source"])), a.get("dataset", "out"))
     out = []
     for label, target in dict.fromkeys(key(a) for a in pilot["arms"]):
         arms = [a for a in pilot["arms"] if key(a) == (label, target)]
-        out.append((pilot_arm_source(pilot, arms[0]), arms,
+        out.append((arms[0].get("source", pilot["source"]), arms,
                     f"pilot_{target}" if label == source_label(pilot["source"]) else f"pilot_{target}_{label}"))
     return out
 
@@ -830,13 +769,13 @@ def pilot_round(recipe: Mapping, pr, source, arms: list[dict]) -> tuple[pd.DataF
     got = pr.run_many([(f"pilot {source}{' ' + a['dataset'] if 'dataset' in a else ''} {pilot_name(a)} seed {s}",
                         pilot_config(recipe, a, s)) for a, s in keys], finetune_run)
     runs = {pilot_name(a): [] for a in arms}
-    for (a, s), r in zip(keys, got): runs[pilot_name(a)].append(r)
-    runs = {k: [dict(r, top1=r["acc1"], n_val=r["n_test"], wall_time_s=r["train_time_s"], correct=r.get("correct"))
-                for r in rs] for k, rs in runs.items()}
+    for (a, s), r in zip(keys, got):
+        runs[pilot_name(a)].append(dict(r, top1=r["acc1"], n_val=r["n_test"], wall_time_s=r["train_time_s"],
+                                        correct=r.get("correct")))
     base_name = pilot_name(arms[0])
     spec = pilot_arm_dataset(recipe, arms[0])
     n_cls = len(target_dataset(spec, "test", None).classes)
-    pilot = pilot_table(runs, base_name, chance=100 / n_cls, floor=pilot_floor(PL, pilot_arm_target(arms[0])),
+    pilot = pilot_table(runs, base_name, chance=100 / n_cls, floor=pilot_floor(PL, arms[0].get("dataset", "out")),
                         claimed={k: paper_gain for k in runs if k.startswith("GTA")})
     psd, pdf = pilot.attrs["pooled_sd"]
     r0 = runs[base_name][0]
@@ -846,7 +785,7 @@ def pilot_round(recipe: Mapping, pr, source, arms: list[dict]) -> tuple[pd.DataF
         f"Pilot of a target regime: source {source} (its gates: outputs/teachers/table_gates.md), target "
         f"{spec['label']}: {r0['n_train']} train images at {arms[0]['rate']:.0%}, {r0['n_val']} test images, "
         f"{recipe['img_size']} px, batch {PL['train']['batch_size']} (lr {PL['train']['lr']:g}); steps per arm: "
-        + ", ".join(f"{pilot_name(a)} {pilot_arm_steps(PL, a)}" for a in arms)
+        + ", ".join(f"{pilot_name(a)} {a.get('steps', PL['train']['steps'])}" for a in arms)
         + f". Pooled seed sd {psd:.2f} (df {pdf:.0f}); chance {100 / n_cls:.0f} %. Final lambda x GTA loss vs CE "
         "loss (last epoch): " + ", ".join(f"{k}: {v:.2f} vs {np.mean([r['losses']['loss_ce'] for r in runs[k]]):.2f}"
                                           for k, v in gta_loss.items())
@@ -858,10 +797,9 @@ def pilot_round(recipe: Mapping, pr, source, arms: list[dict]) -> tuple[pd.DataF
 # %% ../../nbs/15b_gta_paper.ipynb #c4212eb4
 def table_1(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 1 and its caption: the paper's five targets (counts lost in the text), then ours, train images per rate (seed 0)."
-    P = G.P
+    P, runs = G.P, G.df
     rows = [dict(dataset=r.dataset, role="paper target", num_classes=NOT_IN_TEXT, num_train=NOT_IN_TEXT,
                  num_test=NOT_IN_TEXT) for r in load_reported("gta", "table1_dataset_stats").itertuples()]
-    runs = G.df
     for d in P["datasets"]:
         sel = runs[(runs.dataset == d) & (runs.method == "baseline") & (runs.seed == P["seeds"][0]) & (runs.source == "ssl")]
         ntr = {G.pct(r.rate): int(r.n_train) for r in sel.itertuples()}
@@ -899,12 +837,10 @@ def table_2b(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
     rep2 = load_reported("gta", "table2_tl_methods_quoted")
     rows = []
     for rate in G.P["rates"]:
-        row = dict(fraction=G.pct(rate))
-        pv = rep2[(rep2.dataset == "CUB") & (rep2.fraction == round(100 * rate))]
-        row["CUB GTA − baseline (paper)"] = float(pv.value.iloc[0]) if len(pv) else np.nan
-        for d in G.P["datasets"]:
-            row[f"{G.label(d)} GTA − baseline (ours, {profile})"] = G.agg("gta", d, rate)[0] - G.agg("baseline", d, rate)[0]
-        rows.append(row)
+        pv = rep2[(rep2.dataset == "CUB") & (rep2.fraction == round(100 * rate))].value
+        rows.append({"fraction": G.pct(rate), "CUB GTA − baseline (paper)": float(pv.iloc[0]) if len(pv) else np.nan,
+                     **{f"{G.label(d)} GTA − baseline (ours, {profile})":
+                        G.agg("gta", d, rate)[0] - G.agg("baseline", d, rate)[0] for d in G.P["datasets"]}})
     for r in rep2[(rep2.fraction.astype(str) == "15") & (rep2.dataset == "all five")].itertuples():
         rows.append(dict(fraction=f"15% range: {r.comparison}", **{"CUB GTA − baseline (paper)": np.nan},
                          **{"paper range": f"{r.value_min:g} to {r.value_max:g}"}))
@@ -931,34 +867,37 @@ def table_2c(G: GtaRuns) -> tuple[pd.DataFrame, str]:
 def seeds_text(G: GtaRuns, table: int, rates: Sequence[float]) -> str:
     "A caption's seeds of Table `table` (`GtaRuns.table_seeds`): 'Seed 0 only', 'Seeds [0, 1, 2]' or per rate."
     per = {r: G.table_seeds(table, r) for r in rates}
-    same = all(v == per[rates[0]] for v in per.values())
-    if same and len(per[rates[0]]) == 1:
-        return f"Seed {per[rates[0]][0]} only"
-    if same:
-        return f"Seeds {per[rates[0]]} (mean ± sd; each row's lambda chosen on seed {G.P['seeds'][0]})"
-    return ("Seeds " + ", ".join(f"{G.pct(r)}: {v}" for r, v in per.items())
-            + f" (mean ± sd; each row's lambda chosen on seed {G.P['seeds'][0]})")
+    first = per[rates[0]]
+    if all(v == first for v in per.values()) and len(first) == 1:
+        return f"Seed {first[0]} only"
+    which = first if all(v == first for v in per.values()) else ", ".join(f"{G.pct(r)}: {v}" for r, v in per.items())
+    return f"Seeds {which} (mean ± sd; each row's lambda chosen on seed {G.P['seeds'][0]})"
 
-def _cell(G: GtaRuns, m: str, d: str, rate: float, seeds: Sequence[int], source: str = "ssl"):
-    "A table cell over `seeds`: the top-1 itself for one seed (as the one-seed tables always printed), else `fmt`'s mean ± sd."
-    return G.agg(m, d, rate, source, seeds=seeds)[0] if len(seeds) == 1 else G.fmt(*G.agg(m, d, rate, source, seeds=seeds))
+def _method_rows(G: GtaRuns, profile: str, table: int, methods: Sequence[tuple[str, str]], lam) -> tuple:
+    """Tables 3 and 5: per dataset, rate and (method, name) of `methods`, the lambda cell `lam(method, dataset, rate)`
+    and the top-1 over `table_seeds` (one seed: the value itself, else `fmt`); and the caption's seeds and rates."""
+    rows, rates = [], G.P[f"table{table}_rates"]
+    for d in G.P["datasets"]:
+        for rate in rates:
+            for m, name in methods:
+                row = dict(method=name, dataset=G.label(d), fraction=G.pct(rate), lam=lam(m, d, rate))
+                seeds = G.table_seeds(table, rate)
+                top = G.agg(m, d, rate, seeds=seeds)
+                rows.append(dict(row, **{"top1 (paper)": NOT_IN_TEXT,
+                                         f"top1 (ours, {profile})": top[0] if len(seeds) == 1 else G.fmt(*top)}))
+    return pd.DataFrame(rows), f"{seeds_text(G, table, rates)}, rates {[G.pct(r) for r in rates]}"
 
 def table_3(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 3 and its caption: the same guidance on block outputs, MSA outputs or attention logits (`table3_seeds`, best lambda each)."
     P = G.P
-    rows = []
-    for d in P["datasets"]:
-        for rate in P["table3_rates"]:
-            for m, name in (("guide_block", "block output guide"), ("guide_msa", "MSA output guide"),
-                            ("gta", "GTA (attention logits)")):
-                grid = P["table3_lambdas"] if m != "gta" else P["table2_lambdas"]
-                rows.append(dict(method=name, dataset=G.label(d), fraction=G.pct(rate), lam=G.lambda_text(d, rate, m, grid),
-                                 **{"top1 (paper)": NOT_IN_TEXT,
-                                    f"top1 (ours, {profile})": _cell(G, m, d, rate, G.table_seeds(3, rate))}))
-    return pd.DataFrame(rows), (
+    grid = lambda m: P["table2_lambdas" if m == "gta" else "table3_lambdas"]
+    t3, seeds = _method_rows(G, profile, 3, (("guide_block", "block output guide"), ("guide_msa", "MSA output guide"),
+                                             ("gta", "GTA (attention logits)")),
+                             lambda m, d, rate: G.lambda_text(d, rate, m, grid(m)))
+    return t3, (
         f"Guidance target: the same squared L2 (Eq. 5) on block outputs z', on MSA outputs, or on the CLS "
-        f"attention logits (GTA). {seeds_text(G, 3, P['table3_rates'])}, rates {[G.pct(r) for r in P['table3_rates']]}, each "
-        f"with its best lambda (selected on {G.select_on}) of {P['table3_lambdas']} (GTA: of {P['table2_lambdas']}; "
+        f"attention logits (GTA). {seeds}, each with its best lambda (selected on {G.select_on}) of "
+        f"{P['table3_lambdas']} (GTA: of {P['table2_lambdas']}; "
         "'a=b': tied on the seed-0 selection score, a used). "
         f"Claim 3 compares GTA over all its seeds. {G.spread_note}")
 
@@ -975,9 +914,8 @@ def trivial_mask_jaccards(boxes: Sequence, img_size: int, keep_mass: float) -> d
     return {"whole image": whole, "centre prior": centre}
 
 def table_4(G: GtaRuns, pretrained: Mapping, boxes: list | None, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 4 and its caption: the Jaccard of the attention masks with the box masks (`boxes`, None: not computed) for
-    the source itself (`pretrained`: `pretrained_attention_run`), the baseline and GTA per rate, and two image-agnostic
-    floors (the whole image; the keep-mass mask of a centred Gaussian: look at the middle, see nothing)."""
+    """Table 4 and its caption: the attention masks' Jaccard with the box masks (`boxes`; None: not computed) of the
+    source (`pretrained_attention_run`), the baseline and GTA per rate, and of `trivial_mask_jaccards`' masks."""
     P, col = G.P, f"jaccard (ours, {profile})"
     if boxes is None:
         return (pd.DataFrame([dict(method="all", fraction="-", **{col: "not computed: " + G.no_boxes})]),
@@ -998,26 +936,17 @@ def table_4(G: GtaRuns, pretrained: Mapping, boxes: list | None, profile: str) -
 
 def table_5(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 5 and its caption: TransMix on top of naive fine-tuning and of GTA (`table5_seeds`)."
-    P = G.P
-    rows = []
-    for d in P["datasets"]:
-        for rate in P["table5_rates"]:
-            for m, name in (("baseline", "Baseline"), ("transmix", "Baseline + TransMix"), ("gta", "GTA"),
-                            ("gta_transmix", "GTA + TransMix")):
-                rows.append(dict(method=name, dataset=G.label(d), fraction=G.pct(rate),
-                                 lam=G.lambda_text(d, rate) if m.startswith("gta") else "-",
-                                 **{"top1 (paper)": NOT_IN_TEXT,
-                                    f"top1 (ours, {profile})": _cell(G, m, d, rate, G.table_seeds(5, rate))}))
-    return pd.DataFrame(rows), (
+    t5, seeds = _method_rows(G, profile, 5, (("baseline", "Baseline"), ("transmix", "Baseline + TransMix"),
+                                             ("gta", "GTA"), ("gta_transmix", "GTA + TransMix")),
+                             lambda m, d, rate: G.lambda_text(d, rate) if m.startswith("gta") else "-")
+    return t5, (
         f"TransMix (attention-weighted CutMix labels, last block) with naive fine-tuning and with GTA. "
-        f"{seeds_text(G, 5, P['table5_rates'])}, rates {[G.pct(r) for r in P['table5_rates']]}; GTA lambda as in Table 2 ('a=b': "
-        f"tied, a used). "
+        f"{seeds}; GTA lambda as in Table 2 ('a=b': tied, a used). "
         f"Claim 5 compares baseline and GTA over all their seeds. {G.spread_note}")
 
 def table_6(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 6 and its caption: baseline and GTA from the supervised and the self-supervised source over each rate's
-    `table6_seeds`, beside the paper's numbers of the datasets of the same domain (near: CUB, Dogs, Pet; out: Cars,
-    Aircraft; Sec. 4.5)."""
+    """Table 6 and its caption: baseline and GTA from the supervised and the self-supervised source (`table6_seeds`),
+    beside the paper's numbers of the same-domain datasets (near: CUB, Dogs, Pet; out: Cars, Aircraft; Sec. 4.5)."""
     P, rep6 = G.P, load_reported("gta", "table6_source_weights")
     per = {r: G.table_seeds(6, r) for r in P["table6_rates"]}
     seeds, lo = sorted(set().union(*per.values())), min(P["table6_rates"])
@@ -1033,13 +962,12 @@ def table_6(G: GtaRuns, profile: str) -> tuple[pd.DataFrame, str]:
     for d in P["datasets"]:
         for rate in P["table6_rates"]:
             for src, src_name in (("sl", "SL"), ("ssl", "SSL")):
-                for m in ("baseline", "gta"):
-                    pv = rep6[(rep6.source == src_name) & (rep6.method == ("GTA" if m == "gta" else "baseline"))
-                              & (rep6.fraction == round(100 * rate))
+                for m, name in (("baseline", "baseline"), ("gta", "GTA")):
+                    pv = rep6[(rep6.source == src_name) & (rep6.method == name) & (rep6.fraction == round(100 * rate))
                               & rep6.dataset.isin([G.label(d)] if G.label(d) in set(rep6.dataset)
                                                   else DOMAIN[target_domain(P, d)])]
                     paper = " / ".join(f"{r.dataset} {r.top1:.3f}" for r in pv.itertuples()) or NOT_IN_TEXT
-                    rows.append(dict(dataset=G.label(d), source=src_name, method="GTA" if m == "gta" else "baseline",
+                    rows.append(dict(dataset=G.label(d), source=src_name, method=name,
                                      fraction=G.pct(rate), lam=G.lambda_text(d, rate) if m == "gta" else "-",
                                      **{"top1 (paper, same-domain datasets)": paper,
                                         f"top1 (ours, {profile})": G.fmt(*G.agg(m, d, rate, source=src, seeds=seeds))}))
@@ -1068,9 +996,8 @@ def table_source_entropy(G: GtaRuns) -> tuple[pd.DataFrame, str]:
         "untestable at this profile (the paper's sources, iBOT / DINO / supervised ViT-S, are trained through their CLS).")
 
 def table_agreement(G: GtaRuns, rows: Sequence[tuple]) -> tuple[pd.DataFrame, str]:
-    """Per-image agreement of each method row with the row it modifies: seed for seed, across seeds, and two seeds of
-    one row, with the paired effect and `not_inert`'s verdict; `rows`: (method, dataset, rate, source, seeds or None,
-    against)."""
+    """Per-image agreement of each method row with the row it modifies, with the paired effect and `not_inert`'s
+    verdict; `rows`: (method, dataset, rate, source, seeds or None, against)."""
     out = []
     for m, d, rate, src, seeds, against in rows:
         a = G.row_arm(m, d, rate, src, seeds=seeds)
@@ -1082,8 +1009,7 @@ def table_agreement(G: GtaRuns, rows: Sequence[tuple]) -> tuple[pd.DataFrame, st
                         seeds=", ".join(map(str, a.seeds)), **{
                             "top-1 difference": f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if est
                             else f"{a.mean - b.mean:+.2f}",
-                            "agreement seed for seed (%)": ag.same_seed,
-                            "across seeds (%)": ag.between,
+                            "agreement seed for seed (%)": ag.same_seed, "across seeds (%)": ag.between,
                             "two seeds of one row (%)": ag.within,
                             "verdict": "inert" if not_inert(a, b).verdict == "untestable" else "active"}))
     if not out:
@@ -1099,9 +1025,8 @@ def table_agreement(G: GtaRuns, rows: Sequence[tuple]) -> tuple[pd.DataFrame, st
         "longer schedule). nan: one seed, no across-seed agreement.")
 
 def table_lambda_limit(G: GtaRuns) -> tuple[pd.DataFrame, str]:
-    """GTA's lambda grid per target and rate: the chosen lambda, GTA - baseline at every lambda on seed 0, and at the
-    chosen lambda over all seeds (blocked by seed) with its per-image agreement: how close the lowest lambda is to the
-    lambda -> 0 limit, naive fine-tuning."""
+    """GTA's lambda grid per target and rate: GTA - baseline at each lambda (seed 0) and at the chosen one (all seeds,
+    with per-image agreement): how far the chosen lambda is from the lambda -> 0 limit, naive fine-tuning."""
     P, s0 = G.P, G.P["seeds"][0]
     grid = sorted(set(P["lambdas"]) | set(P["table2_lambdas"]))
     rows = []
