@@ -4,15 +4,38 @@
 
 # %% ../../nbs/14b_transfer_paper.ipynb #a7c1e004
 from __future__ import annotations
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+import pandas as pd
 import torch
 import torch.nn as nn
+import torchvision.transforms.functional as TF
+from torch.utils.data import DataLoader, SequentialSampler
 
+from ..attention import CLS_ENTROPY_GATE, attention_maps, cls_row_entropy
+from ..core import config_hash
+from ..data import (LabelledSubset, class_balanced_subset, denormalize, eval_transform, get_dataset,
+                            train_transform)
+from ..dryrun import dry_run_steps
+from ..evaluate import head_jsds, topk_accuracy
 from ..methods import create_method, method_info
+from ..models import teacher_dirs
+from ..pretrain import get_teacher
 from ..protocol import Method
+from ..report import load_profile, load_reported, side_by_side
+from ..scale import ProcessCache
+from ..train import CKPT_NAME, ShardSampler, TrainConfig, _rank, _world, evaluate, fit, load_checkpoint
 from ..transfer import (attention_info_counts, effective_attention_maps, first_layers, layer_cka, predict_logits,
                                 pretrained_student, random_teacher, scratch_student, vit_shape)
+from ..verdicts import (INERT_FIX, Arm, Verdict, all_of, arm, arms_differ, difference, gap_fraction, gate,
+                                greater, less, mean_ci, pack_correct, pilot_table, pooled_sd, provided, result_seeds,
+                                unpack_correct, untestable, within)
+
 
 # %% auto #0
 __all__ = ['TRANSFER_METHODS', 'DRY_EVAL', 'CLAIM_TEXTS', 'CORRUPTIONS', 'PAPER', 'NOT_OFFLINE', 'ONE_SEED', 'NO_SHIFTED',
@@ -21,14 +44,14 @@ __all__ = ['TRANSFER_METHODS', 'DRY_EVAL', 'CLAIM_TEXTS', 'CORRUPTIONS', 'PAPER'
            'claim_more_and_later_layers', 'claim_features_dissimilar', 'claim_ensemble_beats_finetune',
            'claim_ensemble_adds_over_scratch', 'claim_aggregation_hurts_most', 'analysis_images', 'ensemble_run',
            'ood_run', 'cka_run', 'jsd_run', 'vis_run', 'bench_run', 'plot_teaser', 'plot_partial_copy',
-           'plot_cka_ensembles', 'plot_head_jsd', 'plot_attention_maps', 'hits_arm', 'ci_text', 'effect_text',
-           'weights_note', 'vs_text', 'recipe_table', 'table_10_info_accounting', 'table_pilot', 'pilot_reuse',
-           'ensemble_arm', 'table_1', 'figure_1', 'Sweep', 'table_2_qkv', 'table_3_q_distill', 'table_3_partial',
-           'table_12_aggregated', 'table_13_kd', 'table_8_distill_lambda', 'table_8_distill_layers',
-           'table_4_pretrain_data', 'table_5_inat', 'table_6_ood', 'table_7_pretrain_method', 'table_14_mix_match',
-           'table_8_model_size', 'table_9_detection', 'bench_config', 'table_11_cost', 'mean_cka', 'table_4_cka',
-           'table_5_ensemble', 'attention_map_figures', 'per_seed_text', 'cka_arms', 'finetune_gate',
-           'attention_flatness', 'table_teacher_attention', 'teacher_pretraining', 'regime_text']
+           'plot_cka_ensembles', 'plot_head_jsd', 'plot_attention_maps', 'hits_arm', 'effect_text', 'weights_note',
+           'recipe_table', 'table_10_info_accounting', 'table_pilot', 'pilot_reuse', 'ensemble_arm', 'table_1',
+           'figure_1', 'Sweep', 'table_2_qkv', 'table_3_q_distill', 'table_3_partial', 'table_12_aggregated',
+           'table_13_kd', 'table_8_distill_lambda', 'table_8_distill_layers', 'table_4_pretrain_data', 'table_5_inat',
+           'table_6_ood', 'table_7_pretrain_method', 'table_14_mix_match', 'table_8_model_size', 'table_9_detection',
+           'bench_config', 'table_11_cost', 'mean_cka', 'table_4_cka', 'table_5_ensemble', 'attention_map_figures',
+           'per_seed_text', 'cka_arms', 'finetune_gate', 'attention_flatness', 'table_teacher_attention',
+           'teacher_pretraining', 'regime_text']
 
 # %% ../../nbs/14b_transfer_paper.ipynb #ee1ba756
 TRANSFER_METHODS = {"scratch": "ce", "finetune": "finetune", "copy": "attn_copy", "distill": "attn_distill",
@@ -47,11 +70,10 @@ def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, sha
     if method != "scratch" and teacher is None and not (method == "finetune" and init is not None):
         raise ValueError(f"build_transfer: method={method!r} needs a teacher")
     shape = shape or vit_shape(teacher if teacher is not None else init)
-    if init is not None:
-        student = pretrained_student(init, num_classes, drop_path_rate, seed, global_pool)
-    else:   # fine-tuning: the teacher's shape (the registry's 'finetune' loads its weights)
-        student = scratch_student(vit_shape(teacher) if method == "finetune" else shape, num_classes, drop_path_rate,
-                                  seed, global_pool)
+    # fine-tuning without init: the teacher's shape (the registry's 'finetune' loads its weights)
+    student = (pretrained_student(init, num_classes, drop_path_rate, seed, global_pool) if init is not None else
+               scratch_student(vit_shape(teacher) if method == "finetune" else shape, num_classes, drop_path_rate, seed,
+                               global_pool))
     name = TRANSFER_METHODS[method]
     if init is not None and method == "finetune": name = "ce"   # already holds init's weights
     if layers is None and name == "attn_distill": layers = "all"   # a row's None: every block (rows name their blocks)
@@ -62,19 +84,6 @@ def build_transfer(method: str, teacher: nn.Module | None, num_classes: int, sha
 
 
 # %% ../../nbs/14b_transfer_paper.ipynb #0f342225
-import json
-from collections.abc import Mapping
-
-from pathlib import Path
-from torch.utils.data import DataLoader, SequentialSampler
-
-from ..core import config_hash
-from ..data import LabelledSubset, class_balanced_subset, eval_transform, get_dataset, train_transform
-from ..dryrun import dry_run_steps
-from ..pretrain import get_teacher
-from ..scale import ProcessCache
-from ..train import CKPT_NAME, ShardSampler, TrainConfig, _rank, _world, evaluate, fit, load_checkpoint
-
 DRY_EVAL = 4   # a dry run scores its whole-test-set analyses on this many images: it times them, the numbers mean nothing
 
 def analysis_set(va):
@@ -92,8 +101,7 @@ def reports_ema(schedule: Mapping) -> bool:
 class TransferRuns:
     "The attention_transfer notebook's runs of `recipe` (its profile), cached through `pr` (its `PaperRun`)."
     def __init__(self, recipe: Mapping, pr):
-        self.P, self.pr = recipe, pr
-        self.shape, self.main = dict(recipe["shape"]), recipe["main"]
+        self.P, self.pr, self.shape, self.main = recipe, pr, dict(recipe["shape"]), recipe["main"]
         self.depth, self.k_dist = recipe["shape"]["depth"], recipe["distill"]["layers"]
         self.method_recipes = recipe.get("method_recipes", {})   # paper profile: each method its own recipe
         # datasets, and the last few frozen models (a copy needs its teacher and init at once): a grid job gets them
@@ -150,13 +158,11 @@ class TransferRuns:
         key = (json.dumps(d, sort_keys=True), augment, val)
         if key not in self._cache:
             img = self.shape["img_size"]
-            tr = None
-            if augment:
-                tr = get_dataset(d["name"], d["train_split"], transform=train_transform(augment, img))
-                if d.get("per_class"): tr = class_balanced_subset(tr, per_class=d["per_class"], seed=0)
+            tr = get_dataset(d["name"], d["train_split"], transform=train_transform(augment, img)) if augment else None
+            if augment and d.get("per_class"): tr = class_balanced_subset(tr, per_class=d["per_class"], seed=0)
             va = get_dataset(d["name"], d["val_split"], transform=eval_transform(img))
-            pc = d.get("val_per_class") if val == "val_small" else None
-            if pc: va = class_balanced_subset(va, per_class=pc, seed=0)
+            if val == "val_small" and d.get("val_per_class"):
+                va = class_balanced_subset(va, per_class=d["val_per_class"], seed=0)
             self._cache[key] = (tr, va)
         return self._cache[key]
 
@@ -177,11 +183,10 @@ class TransferRuns:
         s = cfg["schedule"]
         model, method = self.build(cfg)
         tr, va = self.datasets(cfg["data"], s["augment"], s["val"])
-        hits = bool(cfg.get("record_correct"))
+        hits, ema = bool(cfg.get("record_correct")), reports_ema(s)
         # layer_decay null / 1: none (and the config hash as before)
         ld = {"layer_decay": s["layer_decay"]} if s.get("layer_decay") not in (None, 1, 1.0) else {}
         tc = TrainConfig(**s["train"], seed=cfg["seed"], **ld)
-        ema = reports_ema(s)
         res = fit(model, tr, va, tc, method, ckpt_dir=ckpt_dir, progress=False, record_correct=hits and not ema)
         h = res["history"]
         out = dict(acc1=res["final"]["acc1"], acc5=res["final"]["acc5"], n_val=res["final"]["n"], steps=res["steps"],
@@ -193,22 +198,18 @@ class TransferRuns:
 
     @staticmethod
     def _ema_result(model: nn.Module, va, tc: TrainConfig, ckpt_dir, hits: bool, raw: Mapping) -> dict:
-        """A row whose recipe trains an EMA reports the EMA weights (the paper's recipes, Tables 15-16): top-1/5 and the
-        per-image hits of the checkpoint's EMA model on the val set, the raw weights' top-1/5 kept as `acc1_raw` /
-        `acc5_raw`. A dry run's checkpoint has no EMA (one step): its raw weights stand in, on `analysis_set` images."""
+        """A row whose recipe trains an EMA reports its EMA weights (Tables 15-16): their top-1/5 and hits on the val
+        set, the raw weights' kept as `acc1_raw` / `acc5_raw`; a dry run (no EMA): raw weights, `analysis_set`."""
         ck = load_checkpoint(Path(ckpt_dir) / CKPT_NAME)
+        weights = f"EMA (decay {tc.ema_decay:g})" if ck.get("ema") else "raw (dry run: no EMA trained)"
         if ck.get("ema"):
             model.load_state_dict(ema_weights(ck["ema"]))
-            weights = f"EMA (decay {tc.ema_decay:g})"
-        else:
-            weights = "raw (dry run: no EMA trained)"
         data, world = analysis_set(va), _world()
         sampler = ShardSampler(len(data), _rank(), world) if world > 1 else SequentialSampler(data)
         dl = DataLoader(data, batch_size=tc.per_process(world).batch_size, sampler=sampler, num_workers=tc.num_workers)
         m = evaluate(model, dl, amp=tc.amp, distributed=world > 1, return_correct=hits)
         out = dict(acc1=m["acc1"], acc5=m["acc5"], n_val=m["n"], acc1_raw=raw["acc1"], acc5_raw=raw["acc5"], weights=weights)
         if hits:
-            from attnrepro.verdicts import pack_correct
             out["correct"] = pack_correct(m["correct"])
         return out
 
@@ -240,10 +241,8 @@ class TransferRuns:
         return self.pr.run_many([(self.name_of(c), c) for c in cfgs], self.train, depends=deps)
 
     def run_grid(self, make, rows: Sequence[str], seeds: Sequence[int] | Mapping[str, Sequence[int]]) -> dict[str, list]:
-        """Each row's results, in seed order, each labelled with its `seed` (arms of the same seeds are then blocked by
-        seed): `make(row, seed)` is the config of `row` at `seed`; `seeds` is one list for every row, or per row (then
-        the grid runs their union, sorted). Trained through `run_all` seed-major, so that an interrupted grid leaves
-        complete seeds across the rows (each run is cached)."""
+        """Each row's results in seed order, labelled `seed`; `make(row, seed)`: a config; `seeds`: one list, or per row
+        (their sorted union runs). Seed-major through `run_all`: an interrupted grid leaves complete seeds."""
         per_row = seeds if isinstance(seeds, Mapping) else {r: seeds for r in rows}
         order = sorted({s for ss in per_row.values() for s in ss}) if isinstance(seeds, Mapping) else list(seeds)
         keys = [(r, s) for s in order for r in rows if s in per_row[r]]
@@ -268,9 +267,6 @@ class TransferRuns:
         return model.eval()
 
 # %% ../../nbs/14b_transfer_paper.ipynb #da606b8d
-from ..verdicts import (INERT_FIX, Arm, Verdict, all_of, arms_differ, difference, gap_fraction, greater, less,
-                                provided, untestable, within)
-
 CLAIM_TEXTS = {
     "1": "Attention Copy closes most (> 50 %) of the gap between scratch and fine-tuning",
     "2": "Attention Distillation matches fine-tuning (within 0.5 point) and beats Attention Copy",
@@ -282,25 +278,20 @@ CLAIM_TEXTS = {
     "6": "Averaging the maps over examples or over query tokens hurts most"}
 
 class InertCheck:
-    """The inert-arm check of a claim's parts (`verdicts.arms_differ` on the arms' per-image hits). `check(part, *arms)`
-    is `part` provided that the compared arms differ from one another and each from `baseline` (a variant that agrees
-    with the baseline per test image as often as two seeds of one arm do has changed nothing at this schedule), else
-    untestable ("inert") naming `fix`. Each pair is checked once; `text()` lists every pair checked, its per-image
-    agreement beside the seed-to-seed one (claim evidence). Arms without hits are compared on their scores only."""
+    """The inert-arm check of a claim's parts (`verdicts.arms_differ` on per-image hits): `check(part, *arms)` is `part`
+    provided the arms differ from one another and each from `baseline` (a variant agreeing with it per test image as
+    often as two seeds of one arm do changed nothing at this schedule), else untestable ("inert") naming `fix`. Each
+    pair is checked once (`text()`: claim evidence); arms without hits are compared on their scores only."""
     def __init__(self, baseline: Arm | None = None, fix: str = INERT_FIX):
         self.baseline, self.fix, self.done = baseline, fix, {}
-
-    def pair(self, a: Arm, b: Arm) -> Verdict:
-        "`arms_differ(a, b)`, once per pair."
-        key = frozenset((id(a), id(b)))
-        if key not in self.done: self.done[key] = (a, b, arms_differ(a, b, fix=self.fix))
-        return self.done[key][2]
 
     def __call__(self, part: Verdict, *arms: Arm) -> Verdict:
         pairs = [(a, b) for i, a in enumerate(arms) for b in arms[i + 1:]]
         if self.baseline is not None: pairs += [(a, self.baseline) for a in arms if a is not self.baseline]
-        checks = {frozenset((id(a), id(b))): self.pair(a, b) for a, b in pairs}
-        return provided(list(checks.values()), part)
+        keys = [frozenset((id(a), id(b))) for a, b in pairs]
+        for key, (a, b) in zip(keys, pairs):   # each pair once
+            if key not in self.done: self.done[key] = (a, b, arms_differ(a, b, fix=self.fix))
+        return provided([self.done[k][2] for k in dict.fromkeys(keys)], part)
 
     def text(self) -> str:
         "Claim evidence: every pair checked, with its per-image agreement and the seed-to-seed one beside it."
@@ -328,34 +319,29 @@ def claim_q_beats_k_v(q: Arm, k: Arm, v: Arm, check=None) -> Verdict:
                    _checked(check, greater(difference(q, v, "copy Q - copy V")), q, v)])
 
 def claim_more_and_later_layers(first: dict, last: dict, check=None) -> Verdict:
-    """4: copying more layers beats fewer (for the first-k and the last-k sweeps: the largest k against the smallest)
-    and the last k layers beat the first k for every k both sweeps share (dicts k -> Arm, k > 0; an Arm shared by
-    both sweeps, e.g. all layers, is the same run and is not compared with itself). `check`: every compared pair."""
-    parts = []
-    for side, d in (("first", first), ("last", last)):
-        lo, hi = min(d), max(d)
-        parts.append(_checked(check, greater(difference(d[hi], d[lo], f"{side} {hi} - {side} {lo} layers")), d[hi], d[lo]))
-    parts += [_checked(check, greater(difference(last[k], first[k], f"last {k} - first {k} layers")), last[k], first[k])
+    """4: copying more layers beats fewer (first-k and last-k sweeps: the largest k against the smallest) and the last k
+    layers beat the first k for every k both sweeps share (dicts k -> Arm, k > 0; an Arm both share, e.g. all layers,
+    is not compared with itself). `check`: every compared pair."""
+    pairs = [(d[max(d)], d[min(d)], f"{side} {max(d)} - {side} {min(d)} layers")
+             for side, d in (("first", first), ("last", last))]
+    pairs += [(last[k], first[k], f"last {k} - first {k} layers")
               for k in sorted(set(first) & set(last)) if first[k] is not last[k]]
-    return all_of(parts)
+    return all_of([_checked(check, greater(difference(a, b, name)), a, b) for a, b, name in pairs])
 
 def claim_features_dissimilar(cka_scratch: Arm, cka_students: dict, margin: float = 0.1) -> Verdict:
     "5a: each student's mean CKA to the fine-tuned model is within `margin` of scratch's."
     return all_of([within(difference(a, cka_scratch, f"CKA {k} - CKA scratch"), margin) for k, a in cka_students.items()])
 
 def claim_ensemble_beats_finetune(ensemble: Arm, finetune: Arm) -> Verdict:
-    """The paper's printed ensemble gain (86.3 vs 85.7): the ensemble of the distilled student and the fine-tuned model
-    beats the fine-tuned model alone. Given claim 2 (a student as accurate as the fine-tuned model) any model that is
-    not a copy of it does this, so claim 5b is `claim_ensemble_adds_over_scratch`; this one stays as evidence."""
+    """The paper's printed gain (86.3 vs 85.7): ensemble(distill, fine-tune) beats fine-tune alone. Evidence only: given
+    claim 2 any model not a copy of the fine-tuned one does this (claim 5b: `claim_ensemble_adds_over_scratch`)."""
     return greater(difference(ensemble, finetune, "ensemble(distill, fine-tune) - fine-tune"))
 
 def claim_ensemble_adds_over_scratch(ens_distill: Arm, ens_scratch: Arm, distill: Arm | None = None,
                                      scratch: Arm | None = None, check=None) -> Verdict:
     """5b: ensembled with the fine-tuned model, the distilled student beats a scratch model ensembled with it (paired per
-    test image when the ensembles carry hits): the student's predictions add to the fine-tuned model's beyond what an
-    untransferred model adds. `check` applies to the two students alone (`distill`, `scratch`): the two ensembles share
-    their fine-tuned member, so their seed-for-seed agreement is high by construction while the seed-to-seed agreement
-    of one ensemble arm changes that member too; the inert-arm test does not apply to them."""
+    test image when the ensembles carry hits). `check` applies to the two students alone (`distill`, `scratch`): the
+    ensembles share their fine-tuned member, so their agreement is high by construction (no inert-arm test for them)."""
     part = greater(difference(ens_distill, ens_scratch, "ensemble(distill, fine-tune) - ensemble(scratch, fine-tune)"))
     return _checked(check, part, distill, scratch) if distill is not None and scratch is not None else part
 
@@ -365,16 +351,6 @@ def claim_aggregation_hurts_most(agg: dict, worst=("examples", "query tokens"), 
                    for w in worst for o in agg if o not in worst])
 
 # %% ../../nbs/14b_transfer_paper.ipynb #ee026203
-import math
-import numpy as np
-import pandas as pd
-import torchvision.transforms.functional as TF
-from torch.utils.data import DataLoader
-
-from ..data import denormalize
-from ..evaluate import head_jsds, topk_accuracy
-from ..verdicts import pack_correct
-
 def analysis_images(n: int, dry: int = DRY_EVAL) -> int:
     "How many images an analysis of `n` images (CKA, JSD, maps) takes: `n`, or at most `dry` in a dry run."
     return min(n, dry) if dry_run_steps() else n
@@ -382,8 +358,7 @@ def analysis_images(n: int, dry: int = DRY_EVAL) -> int:
 def ensemble_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     """Per seed, the per-image hits (packed) of each model of `cfg['per_seed'][seed]` alone and of its softmax averaged
     with the fine-tuned model's (`ft`) on the test set of `cfg['data']` (Figure 5, claim 5b)."""
-    _, va = runs.datasets(cfg["data"])
-    dl = DataLoader(analysis_set(va), batch_size=256)
+    dl = DataLoader(analysis_set(runs.datasets(cfg["data"])[1]), batch_size=256)
     probs = {}
     def prob(c):   # softmax over the test set, each model once (a seed's "other seed" model is another seed's own)
         h = config_hash(c)
@@ -394,9 +369,9 @@ def ensemble_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     out = {}
     for s, models in cfg["per_seed"].items():
         pf, y = prob(models["ft"])
-        single = {k: pack_correct((prob(c)[0].argmax(1) == y).numpy()) for k, c in models.items()}
-        ens = {k: pack_correct((((prob(c)[0] + pf) / 2).argmax(1) == y).numpy()) for k, c in models.items() if k != "ft"}
-        out[s] = dict(single=single, ensemble_with_ft=ens)
+        out[s] = dict(single={k: pack_correct((prob(c)[0].argmax(1) == y).numpy()) for k, c in models.items()},
+                      ensemble_with_ft={k: pack_correct((((prob(c)[0] + pf) / 2).argmax(1) == y).numpy())
+                                        for k, c in models.items() if k != "ft"})
     return out
 
 CORRUPTIONS = {"clean": lambda x, g: x,
@@ -411,14 +386,13 @@ def ood_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     if cfg["per_class"]: va = class_balanced_subset(va, per_class=cfg["per_class"], seed=0)
     va = analysis_set(va)
     out = {"n": len(va)}
+    def top1(model, f):   # every corruption draws the same noise
+        g = torch.Generator().manual_seed(0)
+        lg, y = predict_logits(model, [(f(b[0], g), b[1]) for b in DataLoader(va, batch_size=256)])
+        return topk_accuracy(lg, y, ks=(1,))[1]
     for name, c in cfg["models"].items():
         model = runs.trained_model(c)
-        out[name] = {}
-        for cn, f in CORRUPTIONS.items():
-            g = torch.Generator().manual_seed(0)
-            xs = [(f(b[0], g), b[1]) for b in DataLoader(va, batch_size=256)]
-            lg, y = predict_logits(model, xs)
-            out[name][cn] = topk_accuracy(lg, y, ks=(1,))[1]
+        out[name] = {cn: top1(model, f) for cn, f in CORRUPTIONS.items()}
     return out
 
 def cka_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
@@ -454,10 +428,8 @@ def vis_run(cfg: Mapping, ckpt_dir, runs: TransferRuns) -> dict:
     models = {"init": runs.build(runs.spec("scratch"))[0].eval(), "pre-trained": runs.get_model(cfg["pretrained"]),
               **{k: runs.trained_model(c) for k, c in cfg["models"].items()}}
     g = runs.shape["img_size"] // runs.shape["patch_size"]
-    out = {}
-    for k, m in models.items():
-        maps = effective_attention_maps(m, x)
-        out[k] = {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).float().numpy() for b in cfg["blocks"]}
+    cls = lambda maps: {str(b): maps[b][:, :, 0, 1:].mean(1).reshape(-1, g, g).float().numpy() for b in cfg["blocks"]}
+    out = {k: cls(effective_attention_maps(m, x)) for k, m in models.items()}
     # arrays: kept in runs/<hash>.npz beside the run's JSON (report.split_arrays)
     return dict(maps=out, images=denormalize(x)[:, :, ::2, ::2].permute(0, 2, 3, 1).float().numpy())
 
@@ -509,8 +481,7 @@ def plot_cka_ensembles(cka: Mapping[str, Sequence[float]], n_seeds: int, alone: 
         ax[0].plot(range(1, len(v) + 1), v, "o-", label=k)
     ax[0].set_xlabel("block"); ax[0].set_ylabel("CKA with fine-tuned"); ax[0].legend(fontsize=7); ax[0].set_ylim(0, 1.05)
     ax[0].set_title(f"Figure 4: CKA to the fine-tuned model (mean of {n_seeds} seeds)", fontsize=9)
-    keys = list(ensembled)
-    xs = np.arange(len(keys))
+    keys, xs = list(ensembled), np.arange(len(ensembled))
     ax[1].bar(xs - 0.2, [alone[k] for k in keys], 0.4, label="alone")
     ax[1].bar(xs + 0.2, [ensembled[k] for k in keys], 0.4, label="+ fine-tuned (ensemble)")
     ax[1].axhline(finetuned_alone, color="k", ls="--", lw=1, label="fine-tuned alone")
@@ -547,38 +518,29 @@ def plot_attention_maps(vis: Mapping, idx: Sequence[int], blocks: Sequence[int],
 
 
 # %% ../../nbs/14b_transfer_paper.ipynb #295d5072
-from ..report import load_profile, load_reported, side_by_side
-from ..verdicts import arm, mean_ci, pilot_table, pooled_sd, result_seeds, unpack_correct
-
 PAPER = "attention_transfer"   # its reported numbers: papers/attention_transfer/reported/<table>.csv
 NOT_OFFLINE = "not reproducible offline: "
 
 def hits_arm(results: list, name: str, **kw) -> Arm:
-    """An `Arm` of one row's per-seed results; their per-image hits pair it with every other such row (same test set),
-    and their seeds (`run_grid` labels each result) block it by seed with every row of the same seeds."""
+    "An `Arm` of one row's per-seed results, paired per test image and blocked by seed (`run_grid` labels) with others."
     return arm([r["acc1"] for r in results], name, hits=[r["correct"] for r in results], seeds=result_seeds(results), **kw)
-
-def ci_text(est) -> str:
-    "An effect as the tables print it: `+1.23 [+0.45, +2.01]` (its 95 % interval)."
-    return f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]"
 
 ONE_SEED = "one seed: no interval"
 
 def effect_text(a: Arm, b: Arm) -> str:
-    "`ci_text` of the paired effect `a - b`, or `ONE_SEED` where an arm's seed noise is unknown (one seed, none borrowed)."
-    known = lambda x: x.sd_seed is not None or x.n > 1
-    return ci_text(difference(a, b)) if known(a) and known(b) else ONE_SEED
+    """The paired effect `a - b` as the tables print it, `+1.23 [+0.45, +2.01]` (its 95 % interval), or `ONE_SEED`
+    where an arm's seed noise is unknown (one seed, none borrowed)."""
+    known = all(x.sd_seed is not None or x.n > 1 for x in (a, b))
+    e = difference(a, b) if known else None
+    return f"{e.effect:+.2f} [{e.ci_low:+.2f}, {e.ci_high:+.2f}]" if known else ONE_SEED
 
 def weights_note(P: Mapping, runs: "TransferRuns") -> str:
-    """The sentence a table of trained rows ends with where a recipe trains an EMA: which weights each method's rows
-    report (the EMA model where its recipe trains one, `TransferRuns._ema_result`; else the raw weights). Empty where
-    no recipe of the profile trains an EMA (smoke, mini: every row reports its raw weights, as before)."""
+    """The sentence a table of trained rows ends with: which weights each method's rows report (the EMA model where its
+    recipe trains one, `TransferRuns._ema_result`, else the raw weights); empty where no recipe does (smoke, mini)."""
     names = {"scratch": "scratch", "finetune": "fine-tune", "copy": "copy", "partial_copy": "partial copies",
              "distill": "distill", "q_distill": "Q distill", "feature_distill": "feature distill"}
-    def recipe(m):
-        if m == "partial_copy": return runs.recipe_key("copy", P["main"]["schedule"], layers=[0])
-        return runs.recipe_key(m, P["main"]["schedule"])
-    ema = {m: P["recipes"][recipe(m)]["train"].get("ema_decay") for m in names}
+    ema = {m: P["recipes"][runs.recipe_key(m.replace("partial_", ""), P["main"]["schedule"], [0] if m == "partial_copy"
+                                           else None)]["train"].get("ema_decay") for m in names}   # partial: layers [0]
     if not any(v is not None for v in ema.values()): return ""
     decays = sorted({d for d in ema.values() if d is not None})
     on = "; ".join(f"the EMA model (decay {d:g}) for " + ", ".join(names[m] for m, v in ema.items() if v == d) for d in decays)
@@ -586,59 +548,49 @@ def weights_note(P: Mapping, runs: "TransferRuns") -> str:
     return (f" Weights scored: {on}" + (f"; the raw weights for {', '.join(off)} (no EMA in its recipe)" if off else "")
             + ".")
 
-def vs_text(a: Arm, b: Arm) -> str:
-    "Table 1's paired effect `a - b` [95 % CI]; with one seed per row there is no spread to build it from."
-    return ci_text(difference(a, b)) if min(a.n, b.n) > 1 else "one seed: no interval"
-
-def _ours_recipe(r: Mapping, extra: dict) -> dict:
-    "A recipe of profiles.yaml in the words of the paper's recipe tables (config -> value)."
+def recipe_table(P: Mapping, runs: TransferRuns, method: str, profile: str) -> tuple[pd.DataFrame, str]:
+    """Table 15 (`method` 'copy') or 16 ('distill'), and its caption: the paper's ViT-L recipe beside the recipe this
+    profile trains the method with, in the words of the paper's table (data, not training)."""
+    depth, k = P["shape"]["depth"], P["distill"]["layers"]
+    copy = method == "copy"
+    stem = "table15_copy_recipe" if copy else "table16_distill_recipe"
+    extra = {"layers copied": depth} if copy else {"layers copied": f"first {k} of {depth}",
+                                                   "distillation weight lambda": P["distill"]["weight"]}
+    r = P["recipes"][runs.recipe_key(method, P["main"]["schedule"])]
     t = r["train"]
     b = t.get("betas", [0.9, 0.999])
     lr = f"{t['lr']:g}" + (f" x batch / {t['lr_scale_batch']}" if t.get("lr_scale_batch") else " (no batch scaling)")
-    return {"optimizer": "AdamW", "base learning rate": lr, "minimum absolute lr": f"{t.get('min_lr', 1e-6):g}",
+    ours = {"optimizer": "AdamW", "base learning rate": lr, "minimum absolute lr": f"{t.get('min_lr', 1e-6):g}",
             "weight decay": t["weight_decay"], "optimizer momentum": f"beta1={b[0]}, beta2={b[1]}",
             "batch size": t.get("global_batch_size", t.get("batch_size")), "learning rate schedule": "cosine decay",
             "warmup epochs": t["warmup_epochs"], "training epochs": t["epochs"], "augmentation": r["augment"],
             "label smoothing": t["label_smoothing"], "mixup": t.get("mixup", 0.0), "cutmix": t.get("cutmix", 0.0),
             "drop path": r.get("drop_path_rate", 0.0), "exp. moving average (EMA)": t.get("ema_decay") or "none",
             "layerwise lr decay": r["layer_decay"] if r.get("layer_decay") not in (None, 1, 1.0) else "none", **extra}
-
-def recipe_table(P: Mapping, runs: TransferRuns, method: str, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 15 (`method` 'copy') or 16 ('distill'), and its caption: the paper's ViT-L recipe beside the recipe this
-    profile trains the method with (data, not training)."""
-    depth, k = P["shape"]["depth"], P["distill"]["layers"]
-    if method == "copy":
-        stem, name, extra = "table15_copy_recipe", "Attention Copy", {"layers copied": depth}
-    else:
-        stem, name = "table16_distill_recipe", "Attention Distillation"
-        extra = {"layers copied": f"first {k} of {depth}", "distillation weight lambda": P["distill"]["weight"]}
-    ours = _ours_recipe(P["recipes"][runs.recipe_key(method, P["main"]["schedule"])], extra)
     rep = load_reported(PAPER, stem).rename(columns={"value": "value (paper)"})
     rep[f"value (ours, {profile})"] = [ours.get(c, "") for c in rep.config]
     one_recipe = " (every method here shares one recipe)" if not runs.method_recipes else ""
+    name = "Attention Copy" if copy else "Attention Distillation"
     return rep, f"{name} recipe: the paper's ViT-L recipe beside this profile's{one_recipe}."
 
 def table_10_info_accounting(shape: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 10 and its caption: activations transferred per example (Q and K, or the map), ViT-L/16 beside our student."
-    vitl = attention_info_counts(24, 16, 197, 64)
     n_tok = (shape["img_size"] // shape["patch_size"]) ** 2 + 1
     d, h, hd = shape["depth"], shape["num_heads"], shape["embed_dim"] // shape["num_heads"]
-    ours = attention_info_counts(d, h, n_tok, hd)
-    info = pd.DataFrame([
-        {"accounting_method": "Count sizes of Q, K", "expression": "24 x 16 x 197 x 64 x 2", "activations_m (paper)": 9.7,
-         "ViT-L computed (M)": vitl["qk"] / 1e6, f"ours, {profile} (M)": ours["qk"] / 1e6,
-         "ours expression": f"{d} x {h} x {n_tok} x {hd} x 2"},
-        {"accounting_method": "Count size of QK^T", "expression": "24 x 16 x 197 x 197", "activations_m (paper)": 15.0,
-         "ViT-L computed (M)": vitl["map"] / 1e6, f"ours, {profile} (M)": ours["map"] / 1e6,
-         "ours expression": f"{d} x {h} x {n_tok} x {n_tok}"}])
+    vitl, ours = attention_info_counts(24, 16, 197, 64), attention_info_counts(d, h, n_tok, hd)
+    x = lambda dims: " x ".join(map(str, dims))   # (method, count, paper's dims, paper's value, our dims)
+    rows = [("Count sizes of Q, K", "qk", (24, 16, 197, 64, 2), 9.7, (d, h, n_tok, hd, 2)),
+            ("Count size of QK^T", "map", (24, 16, 197, 197), 15.0, (d, h, n_tok, n_tok))]
+    info = pd.DataFrame([{"accounting_method": m, "expression": x(pe), "activations_m (paper)": a, "ViT-L computed (M)":
+                          vitl[k] / 1e6, f"ours, {profile} (M)": ours[k] / 1e6, "ours expression": x(oe)}
+                         for m, k, pe, a, oe in rows])
     return info, ("Activations transferred per example, computed from the model shapes "
                   "(attnrepro.transfer.attention_info_counts); ViT-L/16 at 224 px and this profile's student.")
 
 # %% ../../nbs/14b_transfer_paper.ipynb #765151b6
 def table_pilot(P: Mapping, runs: TransferRuns, results: Mapping[str, list], profile: str) -> tuple[pd.DataFrame, str]:
-    """The pilot table (`verdicts.pilot_table`: does scratch clear the floor, each arm's effect over scratch with its 95 %
-    interval, seeds needed) and its caption (the regime in full). `results`: per-seed runs of the arms 'scratch',
-    'fine-tune', 'attn. copy', 'attn. distill' (Table 1's labels); the paper's effects come from its Table 1."""
+    """The pilot table (`verdicts.pilot_table`: scratch over the floor, each arm's effect over scratch [95 %], seeds
+    needed) and its caption (the regime in full). `results`: per-seed runs by Table 1's labels (its paper effects)."""
     PL, shape, k_dist = P["pilot"], runs.shape, P["distill"]["layers"]
     pilot_runs = {label: [dict(r, top1=r["acc1"]) for r in rs] for label, rs in results.items()}
     rep1 = load_reported(PAPER, "table1_main").set_index("method")["top1"]
@@ -646,10 +598,8 @@ def table_pilot(P: Mapping, runs: TransferRuns, results: Mapping[str, list], pro
     PD, PS = P["data"][PL["data"]], P["recipes"][PL["schedule"]]
     n_cls = runs.num_classes(PD)
     pilot = pilot_table(pilot_runs, "scratch", chance=100 / n_cls, floor=PL["floor"], claimed=paper_effect)
-    psd, pdf = pilot.attrs["pooled_sd"]
-    paired = pilot.attrs["paired"]
-    pt, tk = PS["train"], P["teachers"][PL["teacher_key"]]
-    n_train = len(runs.datasets(PD, PS["augment"])[0])
+    (psd, pdf), paired = pilot.attrs["pooled_sd"], pilot.attrs["paired"]
+    pt, tk, n_train = PS["train"], P["teachers"][PL["teacher_key"]], len(runs.datasets(PD, PS["augment"])[0])
     # the teachers notebook's CIFAR-10 gate: named in the caption when the pilot trains its very recipe
     gate = ((load_profile("teachers", profile).get("gates") or {}).get("tasks") or {}).get("cifar10")
     is_gate = (bool(gate) and gate["train"] == pt and gate["augment"] == PS["augment"]
@@ -679,8 +629,7 @@ def table_pilot(P: Mapping, runs: TransferRuns, results: Mapping[str, list], pro
 def pilot_reuse(main_spec, pilot_spec, arm_seeds: Mapping[str, Sequence[int]], methods: Sequence[str],
                 seeds: Sequence[int]) -> int:
     """How many of Table 1's runs (`main_spec(m, s)`, `methods` x `seeds`) are pilot runs (`pilot_spec` over `arm_seeds`).
-    Table 1 is the pilot's regime: each pilot arm's Table 1 config must be the pilot's, argument for argument, at every
-    seed of the table (not only the pilot's), else this raises (the profile's `main` and `pilot` disagree)."""
+    Table 1 is the pilot's regime: a pilot arm's config must equal the pilot's at every table seed (or it raises)."""
     for m in arm_seeds:
         for s in seeds:
             assert config_hash(main_spec(m, s)) == config_hash(pilot_spec(m, s)), (
@@ -699,7 +648,7 @@ def table_1(A: Mapping[str, Arm], ensemble: Arm, P: Mapping, profile: str, n_reu
     def row(label, a):
         m, hw = mean_ci(a.values)
         return dict(method=label, top1=m, ci95=hw, per_seed=", ".join(f"{v:.2f}" for v in a.values),
-                    vs_scratch="" if a is A["scratch"] else vs_text(a, A["scratch"]))
+                    vs_scratch="" if a is A["scratch"] else effect_text(a, A["scratch"]))
     rows = [row(l, a) for l, a in A.items()] + [row("ensemble attn. distill + fine-tune", ensemble)]
     t1 = side_by_side(load_reported(PAPER, "table1_main"), pd.DataFrame(rows), on=["method"],
                       values=["top1", "ci95", "per_seed", "vs_scratch"], profile=profile)
@@ -722,31 +671,25 @@ def figure_1(A: Mapping[str, Arm], proxy: str):
 
 # %% ../../nbs/14b_transfer_paper.ipynb #1f1e77c8
 class Sweep:
-    """The sweep schedule's rows (`results`: row name -> per-seed runs) as `Arm`s sharing one seed sd: pooled over the
-    rows run with several seeds, else borrowed from Table 1's arms (`table1`, a longer schedule, and said so). Holds
-    `arms`, the premise of claims 3, 4, 6 (`premise`: fine-tune and copy beat scratch here) and `note`, the sentence
-    every sweep table's caption ends with; `refs`: the reference rows it quotes."""
+    """The sweep schedule's rows (`results`: row name -> per-seed runs) as `arms` sharing one seed sd: pooled over rows
+    run with several seeds, else borrowed from Table 1's arms (`table1`, a longer schedule, and said so); `premise` of
+    claims 3, 4, 6 (fine-tune and copy beat scratch here); `note`: each sweep caption's end (quotes `refs`)."""
     def __init__(self, results: Mapping[str, list], refs: Sequence[str], table1: Mapping[str, Arm], P: Mapping):
-        sw = P["sweeps"]
-        self.results = results
+        sw, self.results = P["sweeps"], results
         multi = [hits_arm(v, k) for k, v in results.items() if len(v) > 1]
+        self.sd = self.df = None   # one seed everywhere (the paper profile): no seed spread to build an interval on
         if multi:
             self.sd, self.df = pooled_sd(multi)
             sd_from = f"pooled over the {len(multi)} sweep rows run with seeds {sw['claim_seeds']}"
         elif any(a.n > 1 for a in table1.values()):   # one claim seed: borrow Table 1's spread (another, longer schedule)
             self.sd, self.df = pooled_sd(table1.values())
             sd_from = "borrowed from Table 1 (its longer schedule: the sweep has one seed)"
-        else:   # one seed everywhere (the paper profile): no seed spread to build an interval on
-            self.sd = self.df = None
         R = self.arms = {k: self.arm(v, k) for k, v in results.items()}
-        if self.sd is None:
-            self.premise = [untestable("one seed everywhere: no seed spread", f"sweep {m} - scratch (claims 3, 4, 6)")
-                            for m in ("fine-tune", "copy")]
-            sd_text = "no interval (one seed everywhere: no seed spread)"
-        else:
-            self.premise = [greater(difference(R["fine-tune"], R["scratch"], "sweep fine-tune - scratch")),
-                            greater(difference(R["copy"], R["scratch"], "sweep copy - scratch"))]
-            sd_text = f"a seed sd of {self.sd:.2f} (df {self.df:.0f}) {sd_from}"
+        self.premise = [untestable("one seed everywhere: no seed spread", f"sweep {m} - scratch (claims 3, 4, 6)")
+                        if self.sd is None else greater(difference(R[m], R["scratch"], f"sweep {m} - scratch"))
+                        for m in ("fine-tune", "copy")]
+        sd_text = ("no interval (one seed everywhere: no seed spread)" if self.sd is None
+                   else f"a seed sd of {self.sd:.2f} (df {self.df:.0f}) {sd_from}")
         st = P["recipes"][sw["schedule"]]["train"]
         self.note = (
             f"Sweep schedule: {st['epochs']} epoch(s) (recipe {sw['schedule']!r}); seeds {sw['claim_seeds']} for the "
@@ -792,8 +735,7 @@ def table_3_q_distill(sw: Sweep, q_distill: list, P: Mapping, profile: str) -> t
 def table_3_partial(sw: Sweep, layers: Mapping[str, Mapping[int, Arm]], heads: Mapping[int, Arm],
                     profile: str) -> tuple[pd.DataFrame, str]:
     "The numbers of Figure 3 and their caption: copy of the first / last k layers (`layers[side][k]`) and of k heads."
-    def row(name, a):
-        return {"transfer": name, f"top1 (ours, {profile})": a.mean, "seeds": a.n, "vs scratch": sw.vs(a)}
+    row = lambda name, a: {"transfer": name, f"top1 (ours, {profile})": a.mean, "seeds": a.n, "vs scratch": sw.vs(a)}
     tp = pd.DataFrame([row(f"{side} {k} layers", a) for side in layers for k, a in sorted(layers[side].items())]
                       + [row(f"first {k} heads", a) for k, a in sorted(heads.items())])
     tp["top1 (paper)"] = "no numbers printed (Figure 3 curves)"
@@ -811,15 +753,14 @@ def table_13_kd(sw: Sweep, feature_distill: list, profile: str) -> tuple[pd.Data
     "Table 13 and its caption: Attention Distillation, residual-stream feature distillation (its runs), fine-tuning."
     rows = [sw.row(sw.results["distill"], method="attn. distill"), sw.row(feature_distill, method="feature distill"),
             sw.row(sw.results["fine-tune"], method="fine-tune")]
-    return (sw.table("table13_kd", rows, ["method"], profile),
-            f"Attention Distillation vs residual-stream feature distillation (MSE on the last block's "
-            f"output, weight 1) vs fine-tuning. {sw.note}.")
+    return (sw.table("table13_kd", rows, ["method"], profile), f"Attention Distillation vs residual-stream feature "
+            f"distillation (MSE on the last block's output, weight 1) vs fine-tuning. {sw.note}.")
 
 def table_8_distill_lambda(sw: Sweep, lambdas: Mapping[float, Arm], P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
     "Figure 8 (left) as a table, and its caption: Attention Distillation top-1 per weight lambda (`lambdas`: lambda -> Arm)."
     ours = [{"lambda": float(l), "top1": a.mean, "seeds": a.n} for l, a in sorted(lambdas.items())]
-    tl = sw.table("fig8_distill_loss_weight", ours, ["lambda"], profile, values=["top1", "seeds"])
-    tl = tl.sort_values("lambda", na_position="first")
+    tl = sw.table("fig8_distill_loss_weight", ours, ["lambda"], profile, values=["top1", "seeds"]).sort_values(
+        "lambda", na_position="first")
     tl["lambda"] = tl["lambda"].map(lambda v: "(not printed)" if pd.isna(v) else v)
     return tl, (f"Attention Distillation accuracy vs weight lambda (first {P['distill']['layers']} of {P['shape']['depth']} "
                 f"blocks). Paper: ViT-L, 18 of 24 blocks distilled; its first lambda is not printed. {sw.note}.")
@@ -841,30 +782,21 @@ NO_SHIFTED = "no MAE pre-trained on other data (the paper pre-trained its own on
 
 def table_4_pretrain_data(sw: Sweep, shifted: Mapping[str, list] | None, P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
     """Table 4 and its caption: tune and copy from the teacher pre-trained on the downstream data (the paper's
-    'ImageNet' row: the sweep's reference rows) and from the one pre-trained on other data (`shifted`: method -> runs,
-    the paper's 'COCO' row), with copy - tune paired per image. `shifted` None (no such teacher): the paper's rows
-    beside ours for its 'ImageNet' row only."""
+    'ImageNet' row: the sweep's reference rows) and from one pre-trained on other data (`shifted`: method -> runs, the
+    'COCO' row; None, no such teacher: the 'ImageNet' row only), with copy - tune paired per image."""
+    R, proxy = sw.results, (lambda p: {} if shifted is None else {"proxy": p})
+    pairs = [("ImageNet", R["fine-tune"], R["copy"], "MAE pre-trained on the downstream data (CIFAR-10)")]
+    pairs += [] if shifted is None else [("COCO", shifted["finetune"], shifted["copy"],
+                                          "MAE pre-trained on other data (Tiny-ImageNet subset)")]
+    rows = [r for data, ft, cp, p in pairs for r in (dict(pretrain_data=data, method="tune", **sw.row(ft), **proxy(p)),
+            dict(pretrain_data=data, method="copy", **sw.row(cp), **proxy(p),
+                 copy_minus_tune=effect_text(sw.arm(cp), sw.arm(ft))))]
+    t4 = sw.table("table4_pretrain_data", rows, ["pretrain_data", "method"], profile,
+                  values=["top1", "seeds", "vs scratch", "copy_minus_tune", *proxy("")])
     if shifted is None:
-        R = sw.results
-        rows = [dict(pretrain_data="ImageNet", method="tune", **sw.row(R["fine-tune"])),
-                dict(pretrain_data="ImageNet", method="copy", **sw.row(R["copy"]),
-                     copy_minus_tune=effect_text(sw.arm(R["copy"]), sw.arm(R["fine-tune"])))]
-        t4 = sw.table("table4_pretrain_data", rows, ["pretrain_data", "method"], profile,
-                      values=["top1", "seeds", "vs scratch", "copy_minus_tune"])
         t4["note"] = np.where(t4.pretrain_data == "ImageNet", "", NOT_OFFLINE + NO_SHIFTED)
         return t4, (f"Pre-training data: tune vs copy on {P['proxy_short']} from the headline teacher; copy_minus_tune: "
                     f"copy - tune. {sw.note}.")
-    same, other = "MAE pre-trained on the downstream data (CIFAR-10)", "MAE pre-trained on other data (Tiny-ImageNet subset)"
-    def copy_minus_tune(cp, ft): return effect_text(sw.arm(cp), sw.arm(ft))
-    R = sw.results
-    rows = [dict(pretrain_data="ImageNet", method="tune", **sw.row(R["fine-tune"]), proxy=same),
-            dict(pretrain_data="ImageNet", method="copy", **sw.row(R["copy"]), proxy=same,
-                 copy_minus_tune=copy_minus_tune(R["copy"], R["fine-tune"])),
-            dict(pretrain_data="COCO", method="tune", **sw.row(shifted["finetune"]), proxy=other),
-            dict(pretrain_data="COCO", method="copy", **sw.row(shifted["copy"]), proxy=other,
-                 copy_minus_tune=copy_minus_tune(shifted["copy"], shifted["finetune"]))]
-    t4 = sw.table("table4_pretrain_data", rows, ["pretrain_data", "method"], profile,
-                  values=["top1", "seeds", "vs scratch", "copy_minus_tune", "proxy"])
     t4.loc[t4.pretrain_data == "ImageNet-22K", f"proxy (ours, {profile})"] = (
         NOT_OFFLINE + "no ImageNet-22K; one shifted set (Tiny-ImageNet) stands for both")
     return t4, (f"Pre-training data: tune vs copy on {P['proxy_short']}. Proxy: 'ImageNet' = a teacher pre-trained "
@@ -872,9 +804,8 @@ def table_4_pretrain_data(sw: Sweep, shifted: Mapping[str, list] | None, P: Mapp
                 f"paired. {sw.note}.")
 
 def table_5_inat(sw: Sweep, shifted: Mapping[str, list] | None, P: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
-    """Table 5 and its caption: the paper's iNaturalist rows (not offline), then the proxy: scratch and the
-    Tiny-ImageNet MAE teacher (`shifted`: method -> runs; None: no proxy) transferred to our task, effects over scratch
-    and over tune."""
+    """Table 5 and its caption: the paper's iNaturalist rows (not offline), then the proxy: scratch and Tiny-ImageNet
+    MAE teacher (`shifted`: method -> runs; None: no proxy) transferred to our task, effects over scratch and tune."""
     t5 = load_reported(PAPER, "table5_inat").rename(columns={"acc": "acc (paper)"})
     t5[f"acc (ours, {profile})"] = NOT_OFFLINE + "no iNaturalist"
     if shifted is None:
@@ -899,22 +830,19 @@ def table_6_ood(ood: Mapping, models: Sequence[str], P: Mapping, profile: str, s
     proxy = pd.DataFrame([{"dataset": f"proxy: {P['proxy_short']} test set ({ood['n']} images), {cn}",
                            "method": {"finetune": "tune"}.get(m, m), "acc (paper)": np.nan, f"acc (ours, {profile})": ood[m][cn]}
                           for cn in CORRUPTIONS for m in models])
-    per_class = P["analysis"]["ood_per_class"]
     return (pd.concat([t6, proxy], ignore_index=True),
             f"Distribution shift. Paper: ImageNet-A/R/S/V2. Proxy: corrupted versions of the student's own test set "
-            f"({P['proxy_short']}, {ood['n']} images{', class-balanced' if per_class else ''}), named per "
-            f"row; Table 1's models of seed {seed}.")
+            f"({P['proxy_short']}, {ood['n']} images{', class-balanced' if P['analysis']['ood_per_class'] else ''}), "
+            f"named per row; Table 1's models of seed {seed}.")
 
 def table_7_pretrain_method(sw: Sweep, runs: Mapping[tuple, list], P: Mapping, profile: str,
                             teachers: Mapping[str, str] | None = None,
                             sizes: Mapping[str, str] | None = None) -> tuple[pd.DataFrame, str]:
     """Table 7 and its caption: tune / copy / distill per teacher pre-training method (`runs`: (teacher label, method)
-    -> runs), with the notes the offline world needs. `teachers` (label -> profile teacher key; None: the mini
-    profile's Tiny-ImageNet teachers) names each row's teacher; `sizes` (label -> model size) the rows whose teacher and
-    student are of another size than the profile's student (the paper's DINO dagger: ViT-B)."""
-    lab = {"finetune": "tune", "copy": "copy", "distill": "distill"}
-    t7 = sw.table("table7_pretrain_method", [sw.row(r, teacher=tn, method=lab[m]) for (tn, m), r in runs.items()],
-                  ["teacher", "method"], profile)
+    -> runs), with the notes the offline world needs. `teachers`: label -> profile teacher key (None: the mini profile's
+    Tiny-ImageNet teachers); `sizes`: label -> model size of rows not of the student's size (the DINO dagger)."""
+    t7 = sw.table("table7_pretrain_method", [sw.row(r, teacher=tn, method={"finetune": "tune"}.get(m, m))
+                                             for (tn, m), r in runs.items()], ["teacher", "method"], profile)
     ours = t7[f"top1 (ours, {profile})"]
     t7["note"] = np.where(t7.teacher.isin(["MoCo-v3", "FLIP"]) & ours.isna(),
                           NOT_OFFLINE + "no MoCo-v3 / FLIP teacher (hub weights, LAION)", "")
@@ -922,11 +850,8 @@ def table_7_pretrain_method(sw: Sweep, runs: Mapping[tuple, list], P: Mapping, p
     for tn, size in (sizes or {}).items():
         t7.loc[t7.teacher == tn, "note"] = f"{size} teacher and student (the paper's dagger)"
     t7.loc[(t7.teacher == "none") & (t7.method == "tune"), "note"] = "ours: scratch (no pre-training)"
-    if teachers is None:
-        who = "ours: all pre-trained on the Tiny-ImageNet subset, "
-    else:
-        who = "teachers: " + ", ".join(f"{tn} {P['teachers'][k] if isinstance(P['teachers'][k], str) else k}"
-                                        for tn, k in teachers.items()) + "; "
+    who = ("ours: all pre-trained on the Tiny-ImageNet subset, " if teachers is None else "teachers: " + ", ".join(
+        f"{tn} {P['teachers'][k] if isinstance(P['teachers'][k], str) else k}" for tn, k in teachers.items()) + "; ")
     return t7, (f"Teacher pre-training method ({who}transferred to {P['proxy_short']}); 'none' = random teacher. "
                 f"{sw.note}.")
 
@@ -945,16 +870,14 @@ def table_14_mix_match(sw: Sweep, runs: Mapping[tuple, list], profile: str,
 
 def table_8_model_size(profile: str, sw: Sweep | None = None, runs: Mapping[tuple, list] | None = None,
                        P: Mapping | None = None) -> tuple[pd.DataFrame, str]:
-    """Table 8 and its caption: the paper's model sizes beside ours: `runs` ((size, method) -> runs, methods scratch /
-    finetune / copy / distill, each size's teacher and student of that size: the profile's `model_sizes`) scored as
-    sweep rows, effects paired over the same size's scratch; without `runs` (no `model_sizes`): not reproducible."""
+    """Table 8 and its caption: the paper's model sizes beside ours, `runs` ((size, method) -> runs: the profile's
+    `model_sizes`) as sweep rows paired over the same size's scratch; without `runs` (no `model_sizes`): not offline."""
     t8 = load_reported(PAPER, "table8_model_size").rename(columns={"top1": "top1 (paper)"})
     if not runs:
         t8[f"top1 (ours, {profile})"] = NOT_OFFLINE + "one teacher size exists (embed 192, depth 6); MAE ViT-B/L/H need ImageNet-scale pre-training"
         return t8, ("Model size (MAE ViT-B/L/H teachers; teacher and student the same size). The paper profile "
                     "names the three teachers and student shapes (model_sizes).")
-    lab = {"scratch": "scratch", "finetune": "tune", "copy": "copy", "distill": "distill"}
-    rows = [dict(model=size, method=lab[m], top1=sw.arm(r).mean, seeds=sw.arm(r).n,
+    rows = [dict(model=size, method={"finetune": "tune"}.get(m, m), top1=sw.arm(r).mean, seeds=sw.arm(r).n,
                  **{"vs scratch": "" if m == "scratch" else effect_text(sw.arm(r), sw.arm(runs[(size, "scratch")]))})
             for (size, m), r in runs.items()]
     t8 = sw.table("table8_model_size", rows, ["model", "method"], profile)
@@ -964,8 +887,7 @@ def table_8_model_size(profile: str, sw: Sweep | None = None, runs: Mapping[tupl
 
 def table_9_detection(profile: str) -> tuple[pd.DataFrame, str]:
     "Table 9 and its caption: the paper's COCO detection numbers; not reproducible here (no COCO, no ViTDet)."
-    t9 = load_reported(PAPER, "table9_detection")
-    t9 = t9.rename(columns={c: f"{c} (paper)" for c in t9.columns if c != "method"})
+    t9 = load_reported(PAPER, "table9_detection").rename(columns=lambda c: c if c == "method" else f"{c} (paper)")
     t9[f"AP (ours, {profile})"] = NOT_OFFLINE + "no COCO, no ViTDet detection pipeline in this package"
     return t9, "COCO detection with ViTDet, MAE ViT-B pre-trained on COCO (ap_*_gain: the printed gain over scratch)."
 
@@ -1011,7 +933,8 @@ def table_5_ensemble(alone: Mapping[str, Arm], ensembled: Mapping[str, Arm], P: 
     """Figure 5's numbers and their caption: each model alone and ensembled with the fine-tuned model (`alone['ft']`),
     the gain over the fine-tuned model alone paired per image (`ensemble_arm`s by model; `n_test`: Table 1's test set)."""
     ft = alone["ft"]
-    t = pd.DataFrame([dict(model=k, alone=alone[k].mean, ensemble_with_finetuned=a.mean, gain_over_finetuned=vs_text(a, ft),
+    t = pd.DataFrame([dict(model=k, alone=alone[k].mean, ensemble_with_finetuned=a.mean,
+                           gain_over_finetuned=effect_text(a, ft),
                            paper="86.3 (+0.6 over fine-tuned 85.7)" if k == "distill" else "not printed")
                       for k, a in ensembled.items()])
     return t, (f"Ensembles with the fine-tuned model of the same seed (Table 1's runs, seeds {P['seeds']}, all "
@@ -1037,16 +960,11 @@ def cka_arms(cka: Mapping, seeds: Sequence[int], names: Sequence[str]) -> dict[s
     return {k: arm([float(np.mean(cka[str(s)][k])) for s in seeds], f"CKA {k}", seeds=seeds) for k in names}
 
 # %% ../../nbs/14b_transfer_paper.ipynb #8909303e
-from ..attention import CLS_ENTROPY_GATE, attention_maps, cls_row_entropy
-from ..models import teacher_dirs
-from ..verdicts import gap_resolved, gate
-
 FINETUNE_MARGIN = 5.0   # points: the teachers notebook's fine-tuning gate (papers/teachers/profiles.yaml gates.finetune_margin)
 
 def finetune_gate(finetune: Arm, scratch: Arm, teacher: str, margin: float = FINETUNE_MARGIN) -> Verdict:
-    """Precondition of every claim of this paper: the teacher passes its fine-tuning gate on the student's own task, i.e.
-    fine-tuning it beats scratch by more than `margin` points on the 95 % interval (the teachers notebook's gate),
-    measured on the claim's own runs (Table 1: the gate's regime and seeds, paired per test image)."""
+    """Precondition of every claim: fine-tuning the teacher beats scratch on the student's task by more than `margin`
+    points on the 95 % interval (the teachers notebook's gate), on the claims' own runs (Table 1, paired per image)."""
     g = greater(difference(finetune, scratch, "fine-tune - scratch"), margin)
     return gate(g.holds, f"teacher {teacher}: fine-tuning gate on this task ({g.statement.split(' (claim')[0]}; "
                          f"gate: > +{margin:g} points)")
@@ -1054,9 +972,8 @@ def finetune_gate(finetune: Arm, scratch: Arm, teacher: str, margin: float = FIN
 @torch.no_grad()
 def attention_flatness(model: nn.Module, x: torch.Tensor, layer: int = -1) -> dict:
     """How flat block `layer`'s attention is on images `x`: `attention.cls_row_entropy` of the CLS row over the patches
-    (`cls_ratio`: its entropy as a share of the uniform one; `flat`: above `CLS_ENTROPY_GATE`), beside the same share
-    for the patch query rows over the patch keys (`patch_ratio`, mean over images, heads and rows): Attention Copy and
-    Distillation transfer every row, the CLS row being one of N."""
+    (`cls_ratio`: its share of the uniform entropy; `flat`: above `CLS_ENTROPY_GATE`), beside that share for the patch
+    rows (`patch_ratio`, mean over images, heads, rows): Copy and Distillation transfer every row, CLS one of N."""
     c = cls_row_entropy(model, x, layer)
     was = model.training
     model.eval()
@@ -1084,8 +1001,7 @@ def teacher_pretraining(spec) -> str:
     "A teacher of the profile in words: its name and how it was pre-trained (from its saved manifest), where known."
     if isinstance(spec, dict):
         return f"a tiny smoke {spec.get('algorithm', '')} teacher (pre-trained on {spec.get('data', 'the smoke data')})"
-    for d in teacher_dirs():
-        p = d / f"{spec}.json"
+    for p in (d / f"{spec}.json" for d in teacher_dirs()):
         if p.exists():
             m = json.loads(p.read_text()).get("meta") or {}
             if m.get("epochs") and m.get("data"):
@@ -1101,9 +1017,8 @@ def regime_text(P: Mapping, runs: TransferRuns, schedule: str | None = None, tea
     sched, tk = schedule or main["schedule"], teacher_key or main["teacher_key"]
     d, r, sh = P["data"][main["data"]], P["recipes"][sched], P["shape"]
     tr, va = runs.datasets(d, r["augment"])
-    g = sh["img_size"] // sh["patch_size"]
+    g, e = sh["img_size"] // sh["patch_size"], r["train"]["epochs"]
     per = f" ({d['per_class']} per class)" if d.get("per_class") else ""
-    e = r["train"]["epochs"]
     return (f"{e:g} epoch{'' if e == 1 else 's'} on {len(tr):,} {d['name']} train images{per}, {sh['img_size']} px (patch "
             f"{sh['patch_size']}: {g * g} patch tokens), scored on {len(va):,} test images; student ViT {sh['embed_dim']}/"
             f"{sh['depth']}/{sh['num_heads']} from random init; teacher {teacher_pretraining(P['teachers'][tk])}")
