@@ -173,7 +173,7 @@ def seed_everything(seed: int) -> None:
 
 @contextlib.contextmanager
 def eval_mode(*models):
-    "The models (None skipped) in eval mode inside the block; each back to its own train/eval state after, also on an error."
+    "The models (None skipped) in eval mode inside the block, each back to its own mode after (also on an error)."
     models = [m for m in models if m is not None]
     was = [m.training for m in models]
     for m in models: m.eval()
