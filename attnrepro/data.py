@@ -105,25 +105,16 @@ def _decode(data: bytes, size: int | None = None) -> np.ndarray:
         raise ValueError(f"expected a {size}x{size} image, got {img.size}")
     return np.asarray(img, dtype=np.uint8)
 
-def _save_decoded(dest: Path, splits: dict) -> None:
-    "Write {split: (images, targets, extra)} and meta.json into `dest` atomically (tmp dir + rename)."
+def _atomic_dir(dest: Path, fill) -> None:
+    "Make the folder `dest` by `fill(tmp)` in a temporary sibling renamed into place: an interrupted fill leaves none."
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
     try:
-        for split, (images, targets, extra) in splits.items():
-            np.save(tmp / f"{split}_images.npy", images)
-            np.save(tmp / f"{split}_targets.npy", np.asarray(targets, dtype=np.int64))
-            (tmp / f"{split}_extra.json").write_text(json.dumps(extra))
+        fill(tmp)
         if dest.exists(): shutil.rmtree(dest)
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-
-def _load_decoded(dest: Path, split: str):
-    images = np.load(dest / f"{split}_images.npy", mmap_mode="r")
-    targets = np.load(dest / f"{split}_targets.npy")
-    extra = json.loads((dest / f"{split}_extra.json").read_text())
-    return images, targets, extra
 
 # %% ../nbs/01_data.ipynb #c0b2040e
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
@@ -160,7 +151,6 @@ def _read_tiny_imagenet(read, names: list[str]) -> dict:
     words = dict(l.split("\t", 1) for l in read(prefix + "words.txt").decode().splitlines() if "\t" in l)
     classes = [words.get(w, w).strip() for w in wnids]
     idx = {w: i for i, w in enumerate(wnids)}
-    out = {}
     # train: boxes files list (file, x0, y0, x1, y1)
     images, targets, boxes = [], [], []
     for w in tqdm(wnids, desc="decoding tiny-imagenet train", unit="class", mininterval=2):
@@ -170,14 +160,14 @@ def _read_tiny_imagenet(read, names: list[str]) -> dict:
         for r in rows:
             images.append(_decode(read(f"{prefix}train/{w}/images/{r[0]}"), 64))
             targets.append(idx[w]); boxes.append([[int(v) for v in r[1:5]]])
-    out["train"] = (np.stack(images), targets, {"classes": classes, "wnids": wnids, "boxes": boxes})
+    train = (np.stack(images), targets, {"classes": classes, "wnids": wnids, "boxes": boxes})
     rows = [l.split() for l in read(prefix + "val/val_annotations.txt").decode().splitlines() if l.strip()]
     rows.sort(key=lambda r: int(r[0].split("_")[1].split(".")[0]))
     images = [_decode(read(f"{prefix}val/images/{r[0]}"), 64) for r in tqdm(rows, desc="decoding tiny-imagenet val",
                                                                                unit="img", mininterval=2)]
-    out["val"] = (np.stack(images), [idx[r[1]] for r in rows],
-                  {"classes": classes, "wnids": wnids, "boxes": [[[int(v) for v in r[2:6]]] for r in rows]})
-    return out
+    val = (np.stack(images), [idx[r[1]] for r in rows],
+           {"classes": classes, "wnids": wnids, "boxes": [[[int(v) for v in r[2:6]]] for r in rows]})
+    return {"train": train, "val": val}
 
 def _decode_tiny_zip(archive: Path) -> dict:
     with zipfile.ZipFile(archive) as zf:
@@ -190,6 +180,11 @@ def _decode_tiny_folder(folder: Path) -> dict:
 # %% ../nbs/01_data.ipynb #f1a2b3c5
 def _layout_error(spec, problem: str) -> DataNotFoundError:
     return DataNotFoundError(f"{problem}. Expected layout of {spec.name!r}: {spec.layout}. To get it: {spec.how_to_get}.")
+
+def _file_dataset(spec, source: Path, split: str, transform, files, labels, classes, boxes=None) -> FileImageDataset:
+    # a numpy array of path strings, not a list: DataLoader workers then share it without copy-on-refcount
+    return FileImageDataset(np.array([str(f) for f in files]), labels, classes, transform, boxes=boxes, name=spec.name,
+                            split=split, source=source)
 
 def _load_imagenet(folder: Path, split: str, transform, spec):
     "ImageNet as torchvision's ImageFolder reads it, `<folder>/<split>/<wnid>/*.JPEG`; files decoded on access."
@@ -213,37 +208,29 @@ def _load_imagenet(folder: Path, split: str, transform, spec):
     except FileNotFoundError as e:  # torchvision: no class folder, or a class folder without images
         if isinstance(e, DataNotFoundError): raise
         raise _layout_error(spec, f"{split_dir}: {e}") from e
-    # a numpy array of paths, not a list of str: DataLoader workers then share it without copy-on-refcount
-    files = np.array([p for p, _ in samples])
-    return FileImageDataset(files, [t for _, t in samples], classes, transform, name=spec.name, split=split,
-                            source=folder)
+    return _file_dataset(spec, folder, split, transform, [p for p, _ in samples], [t for _, t in samples], classes)
 
-def _torchvision_files(tv_class: str, **kw):
-    "A loader reading torchvision's `tv_class` folder (download=False) into a `FileImageDataset` (decoded on access)."
-    def load(folder: Path, split: str, transform, spec):
-        import torchvision.datasets as tvd
-        try:
-            ds = getattr(tvd, tv_class)(str(folder.parent), split=split, download=False, **kw)
-        except (RuntimeError, OSError, KeyError, ValueError) as e:  # torchvision's "Dataset not found", missing .mat files
-            raise _layout_error(spec, f"{folder} exists but torchvision's {tv_class} cannot read it "
-                                      f"({type(e).__name__}: {e})") from e
-        # torchvision keeps the file list privately, under a name that differs per class
-        if hasattr(ds, "_samples"): files, labels = [p for p, _ in ds._samples], [t for _, t in ds._samples]
-        elif hasattr(ds, "_labels") and (hasattr(ds, "_image_files") or hasattr(ds, "_images")):
-            files, labels = ds._image_files if hasattr(ds, "_image_files") else ds._images, ds._labels
-        else:
-            raise RuntimeError(f"torchvision's {tv_class} keeps its file list under a name attnrepro does not know "
-                               "(written against torchvision 0.29: `_samples`, or `_image_files`/`_images` + `_labels`)")
-        return FileImageDataset(np.array([str(f) for f in files]), labels, ds.classes, transform, name=spec.name,
-                                split=split, source=folder)
-    return load
+def _torchvision_files(tv_class: str, folder: Path, split: str, transform, spec, **kw):
+    "torchvision's `tv_class` folder (`kw` to it; download=False) read into a `FileImageDataset` (decoded on access)."
+    import torchvision.datasets as tvd
+    try:
+        ds = getattr(tvd, tv_class)(str(folder.parent), split=split, download=False, **kw)
+    except (RuntimeError, OSError, KeyError, ValueError) as e:  # torchvision's "Dataset not found", missing .mat files
+        raise _layout_error(spec, f"{folder} exists but torchvision's {tv_class} cannot read it "
+                                  f"({type(e).__name__}: {e})") from e
+    # torchvision keeps the file list privately, under a name that differs per class
+    if hasattr(ds, "_samples"): files, labels = [p for p, _ in ds._samples], [t for _, t in ds._samples]
+    elif hasattr(ds, "_labels") and (hasattr(ds, "_image_files") or hasattr(ds, "_images")):
+        files, labels = ds._image_files if hasattr(ds, "_image_files") else ds._images, ds._labels
+    else:
+        raise RuntimeError(f"torchvision's {tv_class} keeps its file list under a name attnrepro does not know "
+                           "(written against torchvision 0.29: `_samples`, or `_image_files`/`_images` + `_labels`)")
+    return _file_dataset(spec, folder, split, transform, files, labels, ds.classes)
 
-def _torchvision_download(tv_class: str, **kw):
+def _torchvision_download(tv_class: str, root: Path):
     "Let torchvision download `tv_class` into `root` (only when ATTNREPRO_DOWNLOAD=1 or download=True)."
-    def download(root: Path):
-        import torchvision.datasets as tvd
-        getattr(tvd, tv_class)(str(root), download=True, **kw)
-    return download
+    import torchvision.datasets as tvd
+    getattr(tvd, tv_class)(str(root), download=True)
 
 def _read_rows(folder: Path, fname: str) -> list[list[str]]:
     return [l.split(maxsplit=1) if fname in ("images.txt", "classes.txt") else l.split()
@@ -266,9 +253,8 @@ def _load_cub(folder: Path, split: str, transform, spec):
         xywh = {int(r[0]): [float(v) for v in r[1:5]] for r in _read_rows(folder, "bounding_boxes.txt")}
         boxes = [np.array([[round(x), round(y), round(x + w), round(y + h)]], dtype=np.int64)
                  for x, y, w, h in (xywh[i] for i in ids)]
-    files = np.array([str(folder / "images" / path[i]) for i in ids])
-    return FileImageDataset(files, [label[i] for i in ids], classes, transform, boxes=boxes, name=spec.name,
-                            split=split, source=folder)
+    files = [folder / "images" / path[i] for i in ids]
+    return _file_dataset(spec, folder, split, transform, files, [label[i] for i in ids], classes, boxes)
 
 def _voc_boxes(xml_path) -> np.ndarray:
     "Every object's box of a PASCAL-VOC xml file, (k, 4) int64 (x0, y0, x1, y1)."
@@ -309,26 +295,33 @@ def _load_stanford_dogs(folder: Path, split: str, transform, spec):
     boxes = None
     if (folder / "Annotation").is_dir():  # one xml per image, named like the image without its extension
         boxes = LazyBoxes([folder / "Annotation" / f.rsplit(".", 1)[0] for f in rel])
-    return FileImageDataset(np.array([str(folder / "Images" / f) for f in rel]), labels, classes, transform,
-                            boxes=boxes, name=spec.name, split=split, source=folder)
+    return _file_dataset(spec, folder, split, transform, [folder / "Images" / f for f in rel], labels, classes, boxes)
+
+_UNREADABLE = (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError)   # a corrupt or truncated archive
 
 def _extract_once(archive: Path, spec) -> Path:
-    "Unpack a tar archive once into the cache (keyed by its sha256); nothing is written into a data root."
+    "Unpack a tar or zip archive once into the cache (keyed by its sha256); nothing is written into a data root."
     key = verify_archive(archive)[:16]
     dest = cache_dir("extracted") / f"{spec.name}-{key}"
-    if not dest.is_dir():
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}."))
-        try:
+    def unpack(tmp):
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zf: zf.extractall(tmp)
+        else:
             with tarfile.open(archive) as tf: tf.extractall(tmp, filter="data")
-            os.replace(tmp, dest)
-        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if not dest.is_dir():
+        try:
+            _atomic_dir(dest, unpack)
+        except _UNREADABLE as e:
             raise ChecksumError(f"{archive} could not be unpacked ({type(e).__name__}: {e}): corrupt or truncated. "
                                 f"Replace it with a fresh copy. To get it: {spec.how_to_get}.") from e
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return dest
+
+def _load_imagenet_samples(archive: Path, split: str, transform, spec):
+    "The 100 ImageNet val images of `imagenet-samples-100.zip`, named `<wnid>_*.JPEG`, one per 10th class."
+    files = sorted(_extract_once(archive, spec).rglob("*.JPEG"))
+    wnids = [f.name.split("_")[0] for f in files]
+    # one image for every 10th class in sorted wnid order -> ImageNet-1k index 10 * rank
+    return _file_dataset(spec, archive, split, transform, files, [10 * i for i in range(len(files))], wnids)
 
 def _from_archive(load, top: str):
     "A loader for an archive holding the folder `top` that `load` reads."
@@ -370,7 +363,7 @@ register_dataset(DatasetSpec("cifar10", ("train", "test"), [
     "put torchvision's `cifar-10-batches-py` folder or `cifar10-jpg.tar.gz` in a data root, or set "
     "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it; `cifar10-sample` "
     "(embedded, 10 classes x 30 train / 10 test images) runs offline anywhere",
-    download=_torchvision_download("CIFAR10")))
+    download=functools.partial(_torchvision_download, "CIFAR10")))
 register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     Source("tiny-imagenet-200", _decode_tiny_folder, "folder"),
     Source("tiny-imagenet-200.zip", _decode_tiny_zip),
@@ -385,7 +378,8 @@ register_dataset(DatasetSpec("cifar10-sample", ("train", "test"),
 register_dataset(DatasetSpec("tiny-imagenet-sample", ("train", "val"),
     [Source("tiny-imagenet-sample.zip", _decode_tiny_zip)], "it ships with the package: reinstall attnrepro",
     embedded=True, inclusive_boxes=True))
-register_dataset(DatasetSpec("imagenet-samples", ("val",), [Source("imagenet-samples-100.zip", None)],
+register_dataset(DatasetSpec("imagenet-samples", ("val",),
+    [Source("imagenet-samples-100.zip", None, load=_load_imagenet_samples)],
     "put `imagenet-samples-100.zip` (100 ImageNet val-style images, one per 10th class) in a data root"))
 register_dataset(DatasetSpec("digits", ("train", "test"), [], "it ships with scikit-learn"))
 
@@ -412,33 +406,34 @@ register_dataset(DatasetSpec("cifar100", ("train", "test"), [
     "the python version from https://www.cs.toronto.edu/~kriz/cifar.html (cifar-100-python.tar.gz, untarred), or "
     "set ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it",
     layout="torchvision's `cifar-100-python/` folder (train, test, meta pickles) in a data root",
-    download=_torchvision_download("CIFAR100")))
+    download=functools.partial(_torchvision_download, "CIFAR100")))
 register_dataset(DatasetSpec("stanford_cars", ("train", "test"), [
-    Source("stanford_cars", None, "folder", load=_torchvision_files("StanfordCars"))],
+    Source("stanford_cars", None, "folder", load=functools.partial(_torchvision_files, "StanfordCars"))],
     "torchvision can no longer download it (the original URL is gone): copy the Stanford Cars files (e.g. the "
     "Kaggle mirror of the original release) into that layout",
     layout="torchvision's `stanford_cars/` folder in a data root: devkit/{cars_meta.mat, cars_train_annos.mat}, "
            "cars_train/, cars_test/, cars_test_annos_withlabels.mat"))
 register_dataset(DatasetSpec("fgvc_aircraft", ("train", "val", "trainval", "test"), [
-    Source("fgvc-aircraft-2013b", None, "folder", load=_torchvision_files("FGVCAircraft", annotation_level="variant"))],
+    Source("fgvc-aircraft-2013b", None, "folder",
+           load=functools.partial(_torchvision_files, "FGVCAircraft", annotation_level="variant"))],
     "fgvc-aircraft-2013b.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/fgvc-aircraft/ (untarred), or set "
     "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads it",
     layout="torchvision's `fgvc-aircraft-2013b/` folder in a data root: data/images/*.jpg, data/variants.txt, "
            "data/images_variant_<split>.txt (100 variants)",
-    download=_torchvision_download("FGVCAircraft")))
+    download=functools.partial(_torchvision_download, "FGVCAircraft")))
 register_dataset(DatasetSpec("oxford_pet", ("trainval", "test"), [
-    Source("oxford-iiit-pet", None, "folder", load=_torchvision_files("OxfordIIITPet"))],
+    Source("oxford-iiit-pet", None, "folder", load=functools.partial(_torchvision_files, "OxfordIIITPet"))],
     "images.tar.gz and annotations.tar.gz from https://www.robots.ox.ac.uk/~vgg/data/pets/ (untarred into "
     "oxford-iiit-pet/), or set ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads them",
     layout="torchvision's `oxford-iiit-pet/` folder in a data root: images/*.jpg, annotations/{trainval,test}.txt "
            "(37 breeds)",
-    download=_torchvision_download("OxfordIIITPet")))
+    download=functools.partial(_torchvision_download, "OxfordIIITPet")))
 register_dataset(DatasetSpec("flowers102", ("train", "val", "test"), [
-    Source("flowers-102", None, "folder", load=_torchvision_files("Flowers102"))],
+    Source("flowers-102", None, "folder", load=functools.partial(_torchvision_files, "Flowers102"))],
     "102flowers.tgz, imagelabels.mat and setid.mat from https://www.robots.ox.ac.uk/~vgg/data/flowers/102/, or set "
     "ATTNREPRO_DOWNLOAD=1 on a machine with a network so torchvision downloads them",
     layout="torchvision's `flowers-102/` folder in a data root: jpg/image_NNNNN.jpg, imagelabels.mat, setid.mat",
-    download=_torchvision_download("Flowers102")))
+    download=functools.partial(_torchvision_download, "Flowers102")))
 register_dataset(DatasetSpec("cub200", ("train", "test"), [
     Source("CUB_200_2011", None, "folder", load=_load_cub),
     Source("CUB_200_2011.tgz", None, "archive", load=_from_archive(_load_cub, "CUB_200_2011"))],
@@ -482,20 +477,26 @@ def _find_source(spec: DatasetSpec, root) -> tuple[Source, Path] | tuple[None, l
             if (p.is_dir() if s.kind == "folder" else p.is_file()): return s, p
     return None, looked
 
-def _decoded_dir(spec: DatasetSpec, src: Source, path: Path) -> Path:
-    "Decode `path` once into the cache; the cache key is the archive's sha256 (or the folder's path)."
+def _decoded(spec: DatasetSpec, src: Source, path: Path, split: str) -> tuple[np.ndarray, np.ndarray, dict]:
+    "`split`'s (images, memory-mapped; targets; extra), decoded from `path` once into the cache (key: sha256 or path)."
     key = (verify_archive(path) if src.kind == "archive"
            else hashlib.sha256(str(path.resolve()).encode()).hexdigest())[:16]
     dest = cache_dir("decoded") / f"{spec.name}-{key}"
     if not (dest / "meta.json").exists():
         try: splits = src.decode(path)
-        except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, KeyError, OSError) as e:
+        except (*_UNREADABLE, KeyError) as e:
             raise ChecksumError(f"{path} could not be read as {spec.name!r} ({type(e).__name__}: {e}): the archive is "
                                 f"corrupt, truncated or of another layout. Replace it with a fresh copy, or remove it to "
                                 f"fall back to the next data root. To get it: {spec.how_to_get}.") from e
-        _save_decoded(dest, splits)
-        (dest / "meta.json").write_text(json.dumps({"source": str(path), "splits": list(splits)}))
-    return dest
+        def fill(tmp):   # {split: (images, targets, extra)}, then meta.json: the mark of a complete folder
+            for split, (images, targets, extra) in splits.items():
+                np.save(tmp / f"{split}_images.npy", images)
+                np.save(tmp / f"{split}_targets.npy", np.asarray(targets, dtype=np.int64))
+                (tmp / f"{split}_extra.json").write_text(json.dumps(extra))
+            (tmp / "meta.json").write_text(json.dumps({"source": str(path), "splits": list(splits)}))
+        _atomic_dir(dest, fill)
+    return (np.load(dest / f"{split}_images.npy", mmap_mode="r"), np.load(dest / f"{split}_targets.npy"),
+            json.loads((dest / f"{split}_extra.json").read_text()))
 
 def _digits(split: str, transform):
     from sklearn.datasets import load_digits
@@ -506,19 +507,6 @@ def _digits(split: str, transform):
     idx = tr if split == "train" else te
     return ArrayImageDataset(imgs[idx], d.target[idx], [str(c) for c in range(10)], transform,
                              name="digits", split=split, source="sklearn.datasets.load_digits")
-
-def _imagenet_samples(path: Path, transform):
-    verify_archive(path)
-    dest = cache_dir("decoded") / f"imagenet-samples-{KNOWN_ARCHIVES[path.name][:16]}"
-    if not dest.exists():
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".imagenet-samples."))
-        with zipfile.ZipFile(path) as zf: zf.extractall(tmp)
-        os.replace(tmp, dest)
-    files = sorted(dest.rglob("*.JPEG"))
-    wnids = [f.name.split("_")[0] for f in files]
-    # one image for every 10th class in sorted wnid order -> ImageNet-1k index 10 * rank
-    return FileImageDataset(files, [10 * i for i in range(len(files))], wnids, transform,
-                            name="imagenet-samples", split="val", source=path)
 
 class SyntheticImageDataset(torch.utils.data.Dataset):
     """A dry run's stand-in for a dataset that is not here: `n` random RGB images of `side` x `side` pixels in `classes`
@@ -569,8 +557,7 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
                                 (f"\nExpected layout: {spec.layout}." if spec.layout else "") +
                                 f"\nTo get it: {spec.how_to_get}.")
     if src.load is not None: return src.load(where, split, transform, spec)
-    if name == "imagenet-samples": return _imagenet_samples(where, transform)
-    images, targets, extra = _load_decoded(_decoded_dir(spec, src, where), split)
+    images, targets, extra = _decoded(spec, src, where, split)
     boxes = [np.asarray(b, dtype=np.int64).reshape(-1, 4) for b in extra["boxes"]] if "boxes" in extra else None
     if boxes is not None and spec.inclusive_boxes:  # (x0, y0, x1, y1) with exclusive ends, as attnrepro.evaluate expects
         boxes = [b + np.array([0, 0, 1, 1]) for b in boxes]
@@ -580,14 +567,11 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
 def _readable(src: Source, path: Path) -> bool:
     "A cheap check that an archive opens (the full sha256 check happens on first use)."
     if src.kind != "archive": return True
-    if path.name.endswith(".zip"):
-        if not zipfile.is_zipfile(path): return False
-        try:
-            with zipfile.ZipFile(path) as zf: return bool(zf.namelist())
-        except (zipfile.BadZipFile, OSError): return False
     try:
+        if path.name.endswith(".zip"):
+            with zipfile.ZipFile(path) as zf: return bool(zf.namelist())
         with tarfile.open(path) as tf: return tf.next() is not None
-    except (tarfile.TarError, EOFError, zlib.error, OSError): return False
+    except _UNREADABLE: return False
 
 def list_datasets() -> dict:
     """Each dataset name with its splits and where it would be loaded from (None: not available here); an archive
@@ -645,10 +629,6 @@ AUGMENT_PRESETS = {
     "strong": dict(mixup=0.8, cutmix=1.0, label_smoothing=0.1),  # DeiT's recipe
 }
 
-def _check_preset(preset):
-    if preset not in AUGMENT_PRESETS:
-        raise ValueError(f"Unknown augmentation preset {preset!r}; valid: {sorted(AUGMENT_PRESETS)}")
-
 def _eval_resize(img_size: int) -> int:
     "The shorter side `eval_transform` resizes to: 224's 0.875 crop ratio for large inputs, none at <= 64 px."
     return img_size if img_size <= 64 else int(round(img_size / 0.875))
@@ -695,7 +675,6 @@ def train_crop(img_size: int) -> list:
 
 def rand_augment(img_size: int, config: str = "rand-m9-mstd0.5-inc1"):
     "timm RandAugment `config` (DeiT's by default) for `img_size` images; posterize never asks for 0 bits."
-    import functools
     from timm.data.auto_augment import rand_augment_transform
     ra = rand_augment_transform(config, dict(translate_const=int(img_size * 0.45),
                                              img_mean=tuple(round(255 * m) for m in IMAGENET_MEAN)))
@@ -706,7 +685,8 @@ def rand_augment(img_size: int, config: str = "rand-m9-mstd0.5-inc1"):
 def train_transform(preset: str, img_size: int):
     "Per-image training augmentation of `preset` ('none', 'weak', 'strong') at `img_size`."
     from torchvision import transforms as T
-    _check_preset(preset)
+    if preset not in AUGMENT_PRESETS:
+        raise ValueError(f"Unknown augmentation preset {preset!r}; valid: {sorted(AUGMENT_PRESETS)}")
     if preset == "none": return eval_transform(img_size)
     head, tail = train_crop(img_size) + [T.RandomHorizontalFlip()], [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     if preset == "weak":

@@ -33,6 +33,18 @@ def _labels(y, name: str, n: int) -> torch.Tensor:
         raise ValueError(f"{name}: expected shape ({n},), got {tuple(y.shape)}")
     return y
 
+def _train_test(who: str, train_feats, train_labels, test_feats, test_labels, num_classes: int | None):
+    "Checked (n, d) train and test features, their labels and the class count (default: the largest label + 1)."
+    xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
+    if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
+        raise ValueError(f"{who}: expected features (n_train, d) and (n_test, d), got {tuple(xtr.shape)} "
+                         f"and {tuple(xte.shape)}")
+    ytr, yte = _labels(train_labels, "train_labels", len(xtr)), _labels(test_labels, "test_labels", len(xte))
+    n_cls = int(max(ytr.max(), yte.max())) + 1 if num_classes is None else num_classes
+    if min(ytr.min(), yte.min()) < 0 or max(ytr.max(), yte.max()) >= n_cls:
+        raise ValueError(f"{who}: labels must lie in [0, num_classes={n_cls})")
+    return xtr, ytr, xte, yte, n_cls
+
 # %% ../nbs/05_evaluate.ipynb #a000df90
 def topk_accuracy(logits, labels, ks: Sequence[int] = (1, 5)) -> dict[int, float]:
     "Top-k accuracy in percent of (B,C) `logits` against (B,) `labels`, as `{k: percent}`."
@@ -66,19 +78,13 @@ def knn_accuracy(train_feats, train_labels, test_feats, test_labels, k: int | Se
     """DINO weighted k-NN accuracy (percent): `{'top1', 'top5'}` for an int `k`, `{k: {'top1', 'top5'}}` for a list.
     `return_correct`: each result also holds `correct`, the per-test-example top-1 hits (numpy bool), for paired
     comparisons of two models on the same test set (`attnrepro.verdicts.paired_difference`)."""
-    xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
-    if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
-        raise ValueError(f"knn_accuracy: expected features (n_train, d) and (n_test, d), got {tuple(xtr.shape)} "
-                         f"and {tuple(xte.shape)}")
-    ytr, yte = _labels(train_labels, "train_labels", len(xtr)), _labels(test_labels, "test_labels", len(xte))
+    xtr, ytr, xte, yte, n_cls = _train_test("knn_accuracy", train_feats, train_labels, test_feats, test_labels,
+                                            num_classes)
     ks = [k] if isinstance(k, int) else list(k)
     if not ks or min(ks) < 1 or max(ks) > len(xtr):
         raise ValueError(f"knn_accuracy: every k must be in [1, n_train={len(xtr)}], got {k!r}")
     if not T > 0:
         raise ValueError(f"knn_accuracy: temperature T must be > 0, got {T}")
-    n_cls = int(max(ytr.max(), yte.max())) + 1 if num_classes is None else num_classes
-    if min(ytr.min(), yte.min()) < 0 or max(ytr.max(), yte.max()) >= n_cls:
-        raise ValueError(f"knn_accuracy: labels must lie in [0, num_classes={n_cls})")
     xtr, xte = F.normalize(xtr, dim=1), F.normalize(xte, dim=1)
     kmax = max(ks)
     hits = {kk: [0, 0] for kk in ks}
@@ -117,14 +123,8 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int
     """Train a `LinearProbe` on frozen features (`optimizer` 'sgd' with momentum 0.9 or MAE's 'lars'; linear warm-up
     over `warmup_epochs`, then cosine lr); top-1/top-5 test accuracy in percent.
     `return_correct`: the result also holds `correct`, the per-test-example top-1 hits (numpy bool)."""
-    xtr, xte = _tensor(train_feats, "train_feats"), _tensor(test_feats, "test_feats")
-    if xtr.ndim != 2 or xte.ndim != 2 or xtr.shape[1] != xte.shape[1]:
-        raise ValueError(f"linear_probe: expected features (n_train, d) and (n_test, d), got {tuple(xtr.shape)} "
-                         f"and {tuple(xte.shape)}")
-    ytr, yte = _labels(train_labels, "train_labels", len(xtr)), _labels(test_labels, "test_labels", len(xte))
-    n_cls = int(max(ytr.max(), yte.max())) + 1 if num_classes is None else num_classes
-    if min(ytr.min(), yte.min()) < 0 or max(ytr.max(), yte.max()) >= n_cls:
-        raise ValueError(f"linear_probe: labels must lie in [0, num_classes={n_cls})")
+    xtr, ytr, xte, yte, n_cls = _train_test("linear_probe", train_feats, train_labels, test_feats, test_labels,
+                                            num_classes)
     if epochs < 1 or batch_size < 2 or len(xtr) < 2:
         raise ValueError(f"linear_probe: need epochs >= 1, batch_size >= 2 and >= 2 training samples, got "
                          f"epochs={epochs}, batch_size={batch_size}, n_train={len(xtr)}")
@@ -170,15 +170,12 @@ def linear_probe(train_feats, train_labels, test_feats, test_labels, epochs: int
     return (out, probe) if return_probe else out
 
 # %% ../nbs/05_evaluate.ipynb #6a33a2a9
-def _default_features(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if hasattr(model, "forward_features") and hasattr(model, "forward_head"):
-        return model.forward_head(model.forward_features(x), pre_logits=True)
-    raise TypeError(f"extract_features: {type(model).__name__} has no timm forward_features/forward_head; pass "
-                    "fn=lambda model, x: <(B, d) features> to say which features to extract")
-
 def extract_features(model: nn.Module, loader, fn: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     "Stack `fn(model, x)` (default timm pre-logits) and the labels over `loader`, in eval mode without grad."
-    fn = fn or _default_features
+    if fn is None and not (hasattr(model, "forward_features") and hasattr(model, "forward_head")):
+        raise TypeError(f"extract_features: {type(model).__name__} has no timm forward_features/forward_head; pass "
+                        "fn=lambda model, x: <(B, d) features> to say which features to extract")
+    fn = fn or (lambda m, x: m.forward_head(m.forward_features(x), pre_logits=True))   # timm's pre-logits
     param = next(iter(model.parameters()), None)
     device = param.device if param is not None else torch.device("cpu")
     feats, labels = [], []

@@ -60,8 +60,7 @@ def _spread_images(ds, n: int) -> list[int]:
 @register_extra("cls_attention")
 def _cls_attention_extra(model, train_eval, val_eval, exp) -> dict:
     """The last block's CLS-query attention over the patch grid, averaged over heads, on `CLS_ATTENTION_IMAGES` val
-    images (the same for every run: the first image of classes spread evenly over the class list, or the first images
-    where the set has no `targets`): {'images': indices, 'maps': (n, h, w) lists}.
+    images, the same for every run (`_spread_images`): {'images': indices, 'maps': (n, h, w) lists}.
     Attention Copy's student runs on the teacher's maps, so a CopyModel that copies the last block shows the teacher's."""
     from attnrepro.attention import attention_blocks
     from attnrepro.gta import cls_attention

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_models.ipynb #5b941d7a
 from __future__ import annotations
-import difflib, hashlib, inspect, json, os, re
+import difflib, functools, hashlib, inspect, json, os, re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,7 +22,7 @@ from timm.models.efficientnet import EfficientNet
 from timm.models.pit import PoolingVisionTransformer
 from timm.models.vision_transformer import VisionTransformer
 
-from .core import atomic_write_bytes, atomic_write_json, eval_mode, project_root
+from .core import atomic_write_bytes, atomic_write_json, cache_dir, eval_mode, project_root
 from .dryrun import dry_run_steps, quick_cpu, quick_width
 from .attention import ModuleOutputs  # the forward-hook tap, re-exported here
 
@@ -66,10 +66,6 @@ def pit_stage_depths(depth: int) -> tuple[int, int, int]:
         raise ValueError(f"PiT needs depth >= 3 (one block per stage), got depth={depth}")
     first, last = max(1, round(depth / 6)), max(1, round(depth / 3))
     return first, depth - first - last, last
-
-def _timm_kwargs(cls) -> list[str]:
-    sig_cls = VisionTransformer if cls is VisionTransformerDistilled else cls  # the distilled class takes *args, **kw
-    return sorted(p for p in inspect.signature(sig_cls.__init__).parameters if p not in ("self", "args", "kwargs"))
 
 POS_EMBEDS = ("learn", "sincos", "none")
 
@@ -116,8 +112,10 @@ def _build_timm(cls, arch: str, **kw) -> nn.Module:
         skip = dict(weight_init="skip") if cls in (VisionTransformer, VisionTransformerDistilled) else {}
         return quick_build(lambda **q: cls(**kw, **q), **skip)
     except TypeError as e:
+        sig_cls = VisionTransformer if cls is VisionTransformerDistilled else cls  # that one takes *args, **kw
+        ok = sorted(p for p in inspect.signature(sig_cls.__init__).parameters if p not in ("self", "args", "kwargs"))
         raise TypeError(f"create_student(arch={arch!r}): {e}. Extra keyword arguments go to timm's "
-                        f"{cls.__name__}; it accepts {_timm_kwargs(cls)}") from e
+                        f"{cls.__name__}; it accepts {ok}") from e
 
 def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, embed_dim: int = 192,
                    depth: int | Sequence[int] = 6, num_heads: int = 3, num_classes: int = 200,
@@ -139,8 +137,7 @@ def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, e
                          f"{embed_dim / num_heads:.2f}); head counts that divide {embed_dim}: {ok}")
     if not 0.0 <= drop_path_rate < 1.0:
         raise ValueError(f"drop_path_rate must be in [0, 1), got {drop_path_rate}")
-    if arch != "pit":
-        _positive_int("depth", depth)
+    if arch != "pit": _positive_int("depth", depth)   # PiT's may be 3 stage depths
     if arch in ("vit", "deit"): embed_dim = quick_width(embed_dim, num_heads)   # quick CPU dry run: ViT-B/L/H narrower
     pos_embed = kw.get("pos_embed", "learn")
     if pos_embed not in POS_EMBEDS + ("",):
@@ -151,7 +148,6 @@ def create_student(arch: str = "vit", img_size: int = 64, patch_size: int = 8, e
     cfg = dict(arch=arch, img_size=img_size, patch_size=patch_size, embed_dim=embed_dim,
                depth=depth if isinstance(depth, int) else list(depth), num_heads=num_heads,
                num_classes=num_classes, drop_path_rate=drop_path_rate, **kw)
-    kw = dict(kw)
     common = dict(img_size=img_size, patch_size=patch_size, num_classes=num_classes, drop_path_rate=drop_path_rate)
     if arch in ("vit", "deit"):
         cls = VisionTransformer if arch == "vit" else VisionTransformerDistilled
@@ -194,15 +190,14 @@ def describe_model(model: nn.Module) -> dict:
     cfg = getattr(m, "student_cfg", None) or getattr(m, "teacher_cfg", None) or {}
     out = dict(arch=cfg.get("arch", type(m).__name__), params=sum(p.numel() for p in m.parameters()),
                tokens=None, prefix_tokens=None, grid=None, embed_dim=None, depth=None, heads=None, patch=None)
+    pe = getattr(m, "patch_embed", None)
     if isinstance(m, PoolingVisionTransformer):
-        pe = m.patch_embed
         stages = [dict(depth=len(t.blocks), heads=h, dim=b * h) for t, b, h in zip(m.transformers, m.base_dims, m.heads)]
         grid = (pe.height, pe.width)
         out.update(tokens=grid[0] * grid[1] + m.num_tokens, prefix_tokens=m.num_tokens, grid=grid,
                    embed_dim=stages[0]["dim"], depth=sum(s["depth"] for s in stages), heads=stages[0]["heads"],
                    patch=_pair_to_int(pe.conv.kernel_size), stages=stages)
     elif isinstance(m, (VisionTransformer, ConVit)):
-        pe = m.patch_embed
         prefix = (1 if m.cls_token is not None else 0) if isinstance(m, ConVit) else m.num_prefix_tokens
         out.update(tokens=pe.num_patches + prefix, prefix_tokens=prefix, grid=tuple(pe.grid_size),
                    embed_dim=m.embed_dim, depth=len(m.blocks), heads=m.blocks[0].attn.num_heads,
@@ -343,29 +338,34 @@ def read_checkpoint(path: Path | str, trust_pickle: bool = False):
             raise CheckpointError(f"Could not read safetensors checkpoint {path} (corrupt or truncated?): "
                                   f"{type(e).__name__}: {e}") from e
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except Exception as e:
         hint = (" It holds python objects besides tensors: pass trust_pickle=True if you trust the file."
                 if "weights_only" in str(e) and not trust_pickle else "")
         raise CheckpointError(f"Could not read torch checkpoint {path} (corrupt or truncated?): "
                               f"{type(e).__name__}: {str(e)[:300]}.{hint}") from e
-    return obj
 
 def read_state_dict(path: Path | str, trust_pickle: bool = False) -> dict[str, torch.Tensor]:
     "Tensors of a `.safetensors` or torch checkpoint (see `read_checkpoint`, `unwrap_state_dict`) on the CPU."
     return unwrap_state_dict(read_checkpoint(path, trust_pickle), str(Path(path).expanduser()))
 
+def _misfit(own: dict, sd: dict, skip=frozenset()) -> tuple[list, list, list]:
+    "Keys of a model's state dict `own` missing from `sd`, unexpected keys of `sd` (bar `skip`), shape mismatches."
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own and k not in skip]
+    shapes = [f"{k} {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}" for k in own
+              if k in sd and k not in skip and tuple(sd[k].shape) != tuple(own[k].shape)]
+    return missing, unexpected, shapes
+
+def _misfit_text(missing, unexpected, shapes) -> str:
+    return "; ".join(f"{what} ({len(ks)}): {_keys(ks)}" for what, ks in
+                     (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if ks)
+
 def load_state_dict_strict(model: nn.Module, state_dict: dict, source: str = "state dict") -> nn.Module:
     "Load `state_dict` into `model`; any missing / unexpected key or shape mismatch raises `CheckpointError` naming the keys."
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [f"{k} {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
-              for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or shapes:
-        parts = [f"{name} ({len(ks)}): {_keys(ks)}" for name, ks in
-                 (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)) if ks]
-        raise CheckpointError(f"{source} does not fit {type(_unwrap(model)).__name__}: " + "; ".join(parts))
+    misfit = _misfit(model.state_dict(), state_dict)
+    if any(misfit):
+        raise CheckpointError(f"{source} does not fit {type(_unwrap(model)).__name__}: " + _misfit_text(*misfit))
     model.load_state_dict(state_dict, strict=True)
     return model
 
@@ -444,8 +444,7 @@ def find_cifar_resnet_weights(depth: int, data_root: Path | str | None = None) -
 def _project_teacher_dir() -> Path:
     "Where the project's committed teachers live: `outputs/teachers/weights` of the clone (else the cache)."
     try: return project_root() / "outputs" / "teachers" / "weights"
-    except FileNotFoundError:
-        return Path(os.environ.get("ATTNREPRO_CACHE", Path.home() / ".cache" / "attnrepro")).expanduser() / "teachers"
+    except FileNotFoundError: return cache_dir("teachers")
 
 TEACHER_DIR = _project_teacher_dir()   # where the teachers notebook saves mini teachers (beside their outputs)
 
@@ -454,8 +453,7 @@ def teacher_dirs(teacher_dir: Path | str | None = None) -> list[Path]:
     (os.pathsep-separated), the project's `outputs/teachers/weights`, the cache's `teachers/` (fetched teachers)."""
     if teacher_dir is not None: return [Path(teacher_dir)]
     env = [Path(p).expanduser() for p in os.environ.get("ATTNREPRO_TEACHERS", "").split(os.pathsep) if p]
-    cache = Path(os.environ.get("ATTNREPRO_CACHE", Path.home() / ".cache" / "attnrepro")).expanduser() / "teachers"
-    return list(dict.fromkeys(env + [TEACHER_DIR, cache]))
+    return list(dict.fromkeys(env + [TEACHER_DIR, cache_dir("teachers")]))
 ARCH_BUILDERS = ("create_student", "cifar_resnet", "timm")
 CIFAR_RESNET_TOP1 = {20: 91.25, 32: 92.49, 44: 92.83, 56: 93.39}  # reported on canonical CIFAR-10 (README)
 
@@ -481,7 +479,6 @@ def build_model(config: dict) -> nn.Module:
         return create_student(**kw)
     if builder == "cifar_resnet":
         return cifar_resnet(**kw)
-    kw = dict(kw)
     if "model_name" not in kw:
         raise ValueError(f"config['timm'] needs 'model_name', got {kw}")
     return timm.create_model(kw.pop("model_name"), pretrained=False, **kw)
@@ -507,45 +504,40 @@ def map_lite0_state_dict(src: dict, model: nn.Module) -> dict:
                               f"{len(bad)} pairs differ: {_keys(bad, 6)}")
     return {b: src[a] for a, b in zip(src, dst)}
 
-def _lite0(timm_name: str) -> Callable:
-    def load(data_root=None) -> nn.Module:
-        path = efficientnet_lite0_weights_path()
-        digest = verify_hash_prefix(path)
-        model = timm.create_model(timm_name, pretrained=False)
-        load_state_dict_strict(model, map_lite0_state_dict(read_state_dict(path), model), str(path))
-        model.teacher_cfg = dict(name=timm_name, source=str(path), sha256=digest, dataset="imagenet-1k",
-                                 num_classes=1000, input_size=224, resize=256,
-                                 mean=EFFICIENTNET_LITE_MEAN, std=EFFICIENTNET_LITE_STD)
-        return model
-    return load
+def _lite0(timm_name: str, data_root=None) -> nn.Module:
+    path = efficientnet_lite0_weights_path()
+    digest = verify_hash_prefix(path)
+    model = timm.create_model(timm_name, pretrained=False)
+    load_state_dict_strict(model, map_lite0_state_dict(read_state_dict(path), model), str(path))
+    model.teacher_cfg = dict(name=timm_name, source=str(path), sha256=digest, dataset="imagenet-1k",
+                             num_classes=1000, input_size=224, resize=256,
+                             mean=EFFICIENTNET_LITE_MEAN, std=EFFICIENTNET_LITE_STD)
+    return model
 
-def _cifar_resnet_teacher(depth: int) -> Callable:
-    def load(data_root=None) -> nn.Module:
-        path = find_cifar_resnet_weights(depth, data_root)
-        try:  # a legacy (pre-zip) pickle; its sha256 was checked against its name just above
-            ckpt = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:
-            raise CheckpointError(f"Could not read {path}: {type(e).__name__}: {e}") from e
-        model = load_state_dict_strict(cifar_resnet(depth), unwrap_state_dict(ckpt, str(path)), str(path))
-        model.teacher_cfg = dict(name=f"resnet{depth}_cifar10", source=str(path), dataset="cifar10",
-                                 num_classes=10, input_size=32, mean=IMAGENET_MEAN, std=IMAGENET_STD,
-                                 reported_top1=CIFAR_RESNET_TOP1[depth])
-        return model
-    return load
+def _cifar_resnet_teacher(depth: int, data_root=None) -> nn.Module:
+    path = find_cifar_resnet_weights(depth, data_root)
+    try:  # a legacy (pre-zip) pickle; its sha256 was checked against its name just above
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"Could not read {path}: {type(e).__name__}: {e}") from e
+    model = load_state_dict_strict(cifar_resnet(depth), unwrap_state_dict(ckpt, str(path)), str(path))
+    model.teacher_cfg = dict(name=f"resnet{depth}_cifar10", source=str(path), dataset="cifar10",
+                             num_classes=10, input_size=32, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                             reported_top1=CIFAR_RESNET_TOP1[depth])
+    return model
 
-BUILTIN_TEACHERS: dict[str, Callable] = {
-    "efficientnet_lite0": _lite0("efficientnet_lite0"),
-    "tf_efficientnet_lite0": _lite0("tf_efficientnet_lite0"),
-    **{f"resnet{d}_cifar10": _cifar_resnet_teacher(d) for d in (20, 32, 44, 56)},
+BUILTIN_TEACHERS: dict[str, Callable] = {   # name -> load(data_root=None)
+    "efficientnet_lite0": functools.partial(_lite0, "efficientnet_lite0"),
+    "tf_efficientnet_lite0": functools.partial(_lite0, "tf_efficientnet_lite0"),
+    **{f"resnet{d}_cifar10": functools.partial(_cifar_resnet_teacher, d) for d in (20, 32, 44, 56)},
 }
 
 # %% ../nbs/03_models.ipynb #8a903139
 def _registry(teacher_dir: Path | str | None = None) -> dict[str, Path]:
     "Saved teachers by name (their json), the first folder of `teacher_dirs` that has a name winning."
     found: dict[str, Path] = {}
-    for d in teacher_dirs(teacher_dir):
-        if d.is_dir():
-            for p in sorted(d.glob("*.json")): found.setdefault(p.stem, p)
+    for d in teacher_dirs(teacher_dir):   # a missing folder globs to nothing
+        for p in sorted(d.glob("*.json")): found.setdefault(p.stem, p)
     return found
 
 def fetch_teacher(name: str, base_url: str | None = None) -> Path:
@@ -562,7 +554,7 @@ def fetch_teacher(name: str, base_url: str | None = None) -> Path:
             with urllib.request.urlopen(url, timeout=60) as r: return r.read()
         except OSError as e: raise FileNotFoundError(f"Could not fetch teacher file {url}: {e}") from e
     meta = get(f"{name}.json")
-    pin = _read_json_bytes(meta, f"{base}/{name}.json").get("sha256")
+    pin = _read_json(f"{base}/{name}.json", meta).get("sha256")
     weights = get(f"{name}.safetensors")
     digest = hashlib.sha256(weights).hexdigest()
     if pin is None or digest != pin:
@@ -571,10 +563,6 @@ def fetch_teacher(name: str, base_url: str | None = None) -> Path:
     atomic_write_bytes(dest / f"{name}.safetensors", weights)
     atomic_write_bytes(dest / f"{name}.json", meta)
     return dest / f"{name}.json"
-
-def _read_json_bytes(data: bytes, where: str) -> dict:
-    try: return json.loads(data)
-    except ValueError as e: raise CheckpointError(f"{where} is not JSON: {e}") from e
 
 def teacher_names(teacher_dir: Path | str | None = None) -> list[str]:
     "Built-in teacher names plus the saved teachers found along `teacher_dirs`; `timm:<name>` and file paths are accepted too."
@@ -586,19 +574,15 @@ def teacher_available(spec) -> bool:
     return (spec in teacher_names() or spec.startswith("timm:") or Path(spec).expanduser().is_file()
             or bool(os.environ.get("ATTNREPRO_TEACHER_URL")))
 
-def _sidecar(path: Path) -> Path | None:
-    for c in (path.with_name(path.name + ".json"), path.with_suffix(".json")):
-        if c.is_file(): return c
-    return None
-
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path | str, data: bytes | None = None) -> dict:
+    "A teacher's json: the file `path`, or `data` fetched from the URL `path`."
     try:
-        return json.loads(path.read_text())
+        return json.loads(Path(path).read_text() if data is None else data)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"Could not read teacher config {path}: {type(e).__name__}: {e}") from e
 
 def _load_file(path: Path, config: dict | None, trust_pickle: bool, key_map=None) -> nn.Module:
-    side = _sidecar(path)
+    side = next((c for c in (path.with_name(path.name + ".json"), path.with_suffix(".json")) if c.is_file()), None)
     side_cfg = _read_json(side) if side else None
     if config is None and side_cfg is None:
         raise ValueError(f"{path} holds only weights; give its architecture with config={{'create_student': "
@@ -607,10 +591,9 @@ def _load_file(path: Path, config: dict | None, trust_pickle: bool, key_map=None
         raise ValueError(f"config={arch_config(config)} disagrees with the sidecar {side}: {arch_config(side_cfg)}")
     key_map = key_map if key_map is not None else (side_cfg or {}).get("key_map")
     digest = sha256_file(path)  # recorded in teacher_cfg: the run names the exact weights it used
-    if side_cfg is not None and "sha256" in side_cfg:
-        if digest != side_cfg["sha256"]:
-            raise CheckpointError(f"{path} is corrupt or was replaced: sha256 {digest[:16]}... but {side} records "
-                                  f"{str(side_cfg['sha256'])[:16]}...")
+    if side_cfg is not None and "sha256" in side_cfg and digest != side_cfg["sha256"]:
+        raise CheckpointError(f"{path} is corrupt or was replaced: sha256 {digest[:16]}... but {side} records "
+                              f"{str(side_cfg['sha256'])[:16]}...")
     sd = (read_state_dict(path, trust_pickle) if key_map is None
           else map_checkpoint(read_checkpoint(path, trust_pickle), key_map, f"{path} (key_map={key_map!r})"))
     model = load_state_dict_strict(build_model(config if config is not None else side_cfg), sd,
@@ -653,17 +636,12 @@ def _load_timm_file(name: str, path: Path, kw: dict, trust_pickle: bool) -> nn.M
     except Exception as e:  # timm's strict load_state_dict, or a file its own reader refuses
         model, failure = None, e
     ref = model if model is not None else timm.create_model(name, pretrained=False, **kw)
-    own = ref.state_dict()
     # a classifier in the file may be left out on purpose (another num_classes); one the model needs may not
     skip = {f"{h}.{w}" for h in heads for w in ("weight", "bias")} if ref.num_classes != file_classes else set()
-    missing = [k for k in own if k not in file_sd]
-    unexpected = [k for k in file_sd if k not in own and k not in skip]
-    reshaped = [f"{k} {tuple(file_sd[k].shape)} vs model {tuple(own[k].shape)}" for k in own
-                if k in file_sd and k not in skip and tuple(file_sd[k].shape) != tuple(own[k].shape)]
+    missing, unexpected, reshaped = _misfit(ref.state_dict(), file_sd, skip)
     if missing or unexpected or (reshaped and model is None):
-        parts = [f"{what} ({len(ks)}): {_keys(ks)}" for what, ks in (("missing keys", missing),
-                 ("unexpected keys", unexpected), ("shape mismatches", reshaped)) if ks]
-        raise CheckpointError(f"{path} does not fit timm:{name}{f' {kw}' if kw else ''}: " + "; ".join(parts) +
+        raise CheckpointError(f"{path} does not fit timm:{name}{f' {kw}' if kw else ''}: " +
+                              _misfit_text(missing, unexpected, reshaped) +
                               ". The file must hold timm.create_model(name, ...).state_dict() of the same "
                               "architecture (pass the same timm_kwargs; num_classes=0 for a file without classifier)")
     if model is None:
@@ -714,9 +692,8 @@ def _saved_teacher_hint(name: str, teacher_dir=None) -> str:
     return (f"A saved teacher is looked for as {name}.json + {name}.safetensors in: {dirs}. The project's own teachers "
             f"(such as mae_cifar10_mini) are committed in {clone}, not in the installed package{outside}: set "
             f"ATTNREPRO_TEACHERS to a folder holding them (several folders separated by {os.pathsep!r}), or "
-            "ATTNREPRO_TEACHER_URL to a base "
-            "URL serving <name>.json and <name>.safetensors (fetched once into the cache, checked against the sha256 the "
-            ".json pins).")
+            "ATTNREPRO_TEACHER_URL to a base URL serving <name>.json and <name>.safetensors (fetched once into the "
+            "cache, checked against the sha256 the .json pins).")
 
 def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, config: dict | None = None,
                  teacher_dir: Path | str | None = None, trust_pickle: bool = False,
@@ -726,12 +703,13 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
     that name; `timm_kwargs` go to `timm.create_model`), or checkpoint file (+ architecture `config` or sidecar json;
     `key_map` for another project's checkpoint, see `KEY_MAPS`). `teacher_cfg['sha256']` names the weights' file."""
     name = str(name_or_path)
-    registry = _registry(teacher_dir) if not isinstance(name_or_path, Path) else {}
-    if (not isinstance(name_or_path, Path) and name not in registry and name not in BUILTIN_TEACHERS and teacher_dir is None
+    named = not isinstance(name_or_path, Path)   # a str: a teacher name, `timm:<name>` or a file path
+    registry = _registry(teacher_dir) if named else {}
+    if (named and name not in registry and name not in BUILTIN_TEACHERS and teacher_dir is None
             and os.environ.get("ATTNREPRO_TEACHER_URL") and _TEACHER_NAME.match(name) and not name.endswith(CHECKPOINT_SUFFIXES)):
         registry = {**registry, name: fetch_teacher(name)}   # a saved teacher this machine lacks: fetch it once
-    is_timm = not isinstance(name_or_path, Path) and name.startswith("timm:")
-    is_name = not isinstance(name_or_path, Path) and (is_timm or name in BUILTIN_TEACHERS or name in registry)
+    is_timm = named and name.startswith("timm:")
+    is_name = named and (is_timm or name in BUILTIN_TEACHERS or name in registry)
     if config is not None and is_name:
         raise ValueError(f"config= only applies to checkpoint files, not to the named teacher {name!r}")
     if (checkpoint is not None or timm_kwargs is not None) and not is_timm:
@@ -754,7 +732,7 @@ def load_teacher(name_or_path: str | Path, data_root: Path | str | None = None, 
     elif Path(name).expanduser().is_file():
         model = _load_file(Path(name).expanduser(), config, trust_pickle, key_map)
     else:
-        looks_like_file = isinstance(name_or_path, Path) or os.sep in name or name.endswith(CHECKPOINT_SUFFIXES)
+        looks_like_file = not named or os.sep in name or name.endswith(CHECKPOINT_SUFFIXES)
         what = f"No checkpoint file {name}" if looks_like_file else f"Unknown teacher {name!r}"
         where = "" if looks_like_file or not _TEACHER_NAME.match(name) else " " + _saved_teacher_hint(name, teacher_dir)
         raise (FileNotFoundError if looks_like_file else ValueError)(
@@ -831,9 +809,7 @@ def block_names(model: nn.Module, level: str = "stage") -> list[str]:
         raise TypeError(f"block_names: no known {level}s for {type(model).__name__} (supported: CifarResNet, timm "
                         "EfficientNet, and stages of timm CNNs with feature_info); pass module names to "
                         "intermediate_features instead")
-    if level == "stage":
-        return stages
-    return [f"{s}.{j}" for s in stages for j in range(len(model.get_submodule(s)))]
+    return stages if level == "stage" else [f"{s}.{j}" for s in stages for j in range(len(model.get_submodule(s)))]
 
 def cnn_block_features(model: nn.Module, x: torch.Tensor, blocks: Sequence[str | int] | None = None) -> list[torch.Tensor]:
     "Activation maps (B, C, h, w) of a CNN's stages (default: all of `block_names(model)`; ints index that list) from one forward."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/17_verdicts.ipynb #50a20230
 from __future__ import annotations
-import math
+import base64, math
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
@@ -91,8 +91,7 @@ class Arm:
 def arm(values, name: str = "", n_test: int | None = None, sd_seed: float | None = None,
         sd_df: float | None = None, hits=None, seeds=()) -> Arm:
     "An `Arm` from a value or a list of per-seed values (and, optionally, each seed's per-image hits and the seeds)."
-    return Arm(tuple(np.atleast_1d(np.asarray(values, dtype=float)).tolist()), name, n_test, sd_seed, sd_df, hits=hits,
-               seeds=tuple(seeds))
+    return Arm(values, name, n_test, sd_seed, sd_df, hits=hits, seeds=tuple(seeds))   # Arm makes the values float
 
 def result_seeds(results: Iterable[Mapping]) -> tuple:
     """The seeds of one row's per-seed results, each labelled `seed` by the grid that ran it, in order (for
@@ -229,7 +228,6 @@ def difference(a: Arm, b: Arm, label: str = "", level: float = LEVEL) -> Estimat
 # %% ../nbs/17_verdicts.ipynb #348eb0de
 def pack_correct(correct) -> str:
     "Per-image top-1 hits (bool array) as a compact string for a run's JSON (base64 of the packed bits)."
-    import base64
     c = np.asarray(correct)
     if c.ndim != 1 or c.size == 0: raise ValueError(f"pack_correct: expected a non-empty 1-D array, got shape {c.shape}")
     if c.dtype != bool and not np.isin(c, (0, 1)).all():
@@ -238,7 +236,6 @@ def pack_correct(correct) -> str:
 
 def unpack_correct(packed: str) -> np.ndarray:
     "The bool array `pack_correct` stored."
-    import base64
     try:
         n, data = packed.split(":", 1)
         bits = np.unpackbits(np.frombuffer(base64.b64decode(data, validate=True), dtype=np.uint8))[:int(n)]
@@ -552,9 +549,9 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
     for k, a in arms.items():
         m, hw = mean_ci(a.values) if a.n > 1 else (a.mean, float("nan"))
         row = {"arm": k, "seeds": a.n, f"{metric} (mean)": a.mean, "95 % CI half-width": hw,
-               "per seed": ", ".join(f"{v:.2f}" for v in a.values), "sd over seeds": a.sd if a.n > 1 else float("nan")}
+               "per seed": ", ".join(f"{v:.2f}" for v in a.values), "sd over seeds": a.sd if a.n > 1 else float("nan"),
+               "above chance": a.mean - chance if chance is not None else float("nan")}
         if k == baseline:
-            row["above chance"] = a.mean - chance if chance is not None else float("nan")
             row["floor"] = (f">= {floor:g}: {'met' if a.mean >= floor else 'NOT met'}") if floor is not None else ""
             row.update({"effect vs baseline": "", "seeds/arm for +-effect/3": "", "paper effect": "",
                         "seeds/arm for +-paper effect/3": ""})
@@ -568,7 +565,7 @@ def pilot_table(runs: dict, baseline: str, metric: str = "top1", chance: float |
                                                     arm(base.values, baseline, None, base.sd_seed, base.sd_df)).se ** 2
                 else:
                     est = difference(a, base)
-            row.update({"above chance": a.mean - chance if chance is not None else float("nan"), "floor": "",
+            row.update({"floor": "",
                         "effect vs baseline": f"{est.effect:+.2f} [{est.ci_low:+.2f}, {est.ci_high:+.2f}]" if est
                                               else f"{a.mean - base.mean:+.2f} (one seed each: no interval)",
                         "seeds/arm for +-effect/3": need(est.effect, pvar) if est else "",
