@@ -5,10 +5,14 @@
 # %% ../nbs/09_cli.ipynb #ce0baf4c
 from __future__ import annotations
 import argparse, json, os, sys
+from pathlib import Path
 
-from .report import PROFILES
-from .runner import PaperFailed, PaperPending, reproduce, status
-from .scale import EXECUTORS
+from .core import atomic_write_text, project_root
+from .report import PROFILES, update_readme
+from .runner import (PaperFailed, PaperPending, _kernel_env, dry_run_paper, known_papers, output_dir, prune_runs,
+                              reproduce, runnable_papers, status)
+from .scale import EXECUTORS, executor_name, require_submitit
+from .site import build_site
 
 # %% auto #0
 __all__ = ['BENCH_VARIANT_NAMES', 'build_parser', 'main']
@@ -20,6 +24,9 @@ def _parse_param(s: str):
     try: v = json.loads(v)  # numbers, booleans, lists; anything else stays a string
     except json.JSONDecodeError: pass
     return k, v
+
+# attnrepro.bench.BENCH_VARIANTS, not imported: keeps the CLI torch-free
+BENCH_VARIANT_NAMES = "plain,capture,gta,distill,copy"
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="attnrepro", description="Reproduce five papers on ViT attention transfer.")
@@ -75,12 +82,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "outputs/<paper>/) or smoke/paper (outputs/<profile>/<paper>/, site in outputs/<profile>/site/)")
     s.add_argument("--paper", action="append", help="only this paper (repeatable; default: every paper with results)")
     s.add_argument("--out", help="folder to write (default outputs/site/ at mini); wiped and rebuilt")
-    _add_bench_parser(sub)
-    return ap
-
-BENCH_VARIANT_NAMES = "plain,capture,gta,distill,copy"  # attnrepro.bench.BENCH_VARIANTS (not imported: keeps the CLI torch-free)
-
-def _add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="time and peak memory of a plain training step vs capture, GTA, attention "
                        "distillation and Attention Copy (ratios to plain)",
                        description="Unset options take attnrepro.bench.BenchConfig's defaults: ViT embed 192, depth 6, "
@@ -105,6 +106,7 @@ def _add_bench_parser(sub) -> None:
     b.add_argument("--images", type=int, help="--throughput: images per timed run (default 1280)")
     # --throughput --device cuda --amp --embed-dim 192 --batch-size 256 --images 25600: the gpu profile's shape (issue 44)
     b.add_argument("--repeats", type=int, help="--throughput: interleaved rounds, median reported (default 3)")
+    return ap
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
@@ -119,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
                 if args.max_device_batch < 1: raise ValueError(f"--max-device-batch {args.max_device_batch}: give an integer >= 1")
                 os.environ["ATTNREPRO_MAX_DEVICE_BATCH"] = str(args.max_device_batch)
             if args.dry_run: return _dry_run(args)
-            from attnrepro.runner import _kernel_env
             with _kernel_env(**_scale_env(args)):   # the notebooks' kernels inherit it; restored afterwards
                 _check_executor(args)
                 res = reproduce(args.paper, args.profile, args.force, dict(args.param), log_output=args.log_output,
@@ -143,22 +144,18 @@ def main(argv: list[str] | None = None) -> int:
                                          "them superseded: `attnrepro prune`" if row[prof]["stale"] else ": newer, a "
                                          "re-run in progress?") + ")" if row[prof]["unused"] else ""))
             return 0
-        if args.command == "prune":
-            return _prune(args)
+        if args.command == "prune": return _prune(args)
         if args.command == "datasets":
             from attnrepro.data import list_datasets
             for n, info in list_datasets().items():
                 print(f"{n:22s} splits={','.join(info['splits']):12s} {info['found'] or 'NOT FOUND'}")
             return 0
-        if args.command == "bench":
-            return _bench(args)
+        if args.command == "bench": return _bench(args)
         if args.command == "site":
-            from attnrepro.site import build_site
             index = build_site(args.profile, args.out, papers=args.paper)
             print(f"open {index.resolve().as_uri()} in a browser")
             return 0
         if args.command == "readme":
-            from attnrepro.report import update_readme
             stale = update_readme(check=args.check)
             print(("README results table is stale: run `attnrepro readme`" if args.check else "README results table rewritten")
                   if stale else "README results table is up to date")
@@ -172,23 +169,18 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     return 0
 
-def _scale_options(args) -> dict:
-    return {"--no-wait": args.no_wait, "--local-jobs": args.local_jobs, "--slurm-partition": args.slurm_partition,
-            "--slurm-gpus": args.slurm_gpus, "--slurm-time": args.slurm_time}
+_SCALE_OPTIONS = ("local_jobs", "slurm_partition", "slurm_gpus", "slurm_time")   # ATTNREPRO_<OPTION> in attnrepro.scale
 
 def _scale_env(args) -> dict:
     "The executor options as the environment variables attnrepro.scale reads in the notebooks' kernels."
     env = {"ATTNREPRO_EXECUTOR": args.executor} if args.executor else {}
     if args.no_wait: env["ATTNREPRO_WAIT"] = "0"
-    for flag, key in (("--local-jobs", "ATTNREPRO_LOCAL_JOBS"), ("--slurm-partition", "ATTNREPRO_SLURM_PARTITION"),
-                      ("--slurm-gpus", "ATTNREPRO_SLURM_GPUS"), ("--slurm-time", "ATTNREPRO_SLURM_TIME")):
-        if _scale_options(args)[flag] is not None: env[key] = str(_scale_options(args)[flag])
+    env |= {f"ATTNREPRO_{k.upper()}": str(getattr(args, k)) for k in _SCALE_OPTIONS if getattr(args, k) is not None}
     return env
 
 def _check_executor(args) -> None:
     "The executor (flag or an ATTNREPRO_EXECUTOR set outside) exists, its options fit it, and submitit is there."
-    from attnrepro.scale import executor_name, require_submitit
-    given = _scale_options(args)
+    given = {f"--{k.replace('_', '-')}": getattr(args, k) for k in ("no_wait", *_SCALE_OPTIONS)}
     ex = executor_name()
     if ex == "serial" and any(v not in (None, False) for v in given.values()):
         raise ValueError(f"{', '.join(k for k, v in given.items() if v not in (None, False))} only apply to "
@@ -198,7 +190,6 @@ def _check_executor(args) -> None:
         except ImportError as e: raise ValueError(str(e)) from None
 
 def _prune(args) -> int:
-    from attnrepro.runner import known_papers, output_dir, prune_runs
     papers = args.paper or [p for p in known_papers() if (output_dir(p, args.profile) / "manifest.json").exists()]
     total = 0
     for p in papers:
@@ -213,7 +204,6 @@ def _prune(args) -> int:
     return 0
 
 def _dry_run(args) -> int:
-    from attnrepro.runner import dry_run_paper, runnable_papers
     if args.executor not in (None, "serial") or args.no_wait:
         raise ValueError("--dry-run trains nothing and runs in the notebook's own process: drop --executor / --no-wait")
     stopped = False
@@ -226,7 +216,6 @@ def _dry_run(args) -> int:
 
 def _bench(args) -> int:
     from attnrepro.bench import BenchConfig, format_bench, run_bench
-    from attnrepro.core import atomic_write_text
     if args.throughput: return _throughput(args)
     keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "distill_layers", "warmup",
             "steps", "device"]
@@ -238,7 +227,6 @@ def _bench(args) -> int:
     text = format_bench(df)
     print(text)
     if args.out:
-        from pathlib import Path
         from attnrepro.bench import plot_bench
         out = Path(args.out)
         atomic_write_text(out, df.to_csv(index=False))
@@ -250,9 +238,7 @@ def _bench(args) -> int:
 def _num(x) -> str: return "unavailable" if x is None else f"{x:.2f}"
 
 def _throughput(args) -> int:
-    from pathlib import Path
     from attnrepro.bench import ThroughputConfig, run_throughput
-    from attnrepro.core import atomic_write_text, project_root
     keys = ["batch_size", "img_size", "patch_size", "embed_dim", "depth", "num_heads", "images", "repeats", "device", "amp"]
     df = run_throughput(ThroughputConfig(**{k: getattr(args, k) for k in keys if getattr(args, k) is not None}))
     a = df.attrs

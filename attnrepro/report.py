@@ -13,7 +13,7 @@ import yaml
 from .core import (atomic_write_json, atomic_write_text, cache_dir, canonical_json, config_hash,
                             fit_notes, git_commit, project_root, run_host)
 from .dryrun import dry_run_steps
-from .scale import dry_call, executor_name
+from .scale import dry_call, executor_name, run_grid
 from .budget import BudgetExhausted, fits
 from .recipes import (Recipe, RecipeError, _RecipeLoader, check_all_read, read_profiles, resolve_profile,
                                validate_recipe)
@@ -110,8 +110,7 @@ def side_by_side(reported: pd.DataFrame, ours: pd.DataFrame, on: list[str], valu
     keys = list(dict.fromkeys([*map(tuple, rep[on].astype(str).values), *map(tuple, our[on].astype(str).values)]))
     rank = {k: i for i, k in enumerate(keys)}
     out = out.iloc[sorted(range(len(out)), key=lambda i: rank[tuple(out[on].astype(str).values[i])])].reset_index(drop=True)
-    cols = on + [c for v in values for c in (f"{v} (paper)", f"{v} (ours, {profile})") if c in out]
-    out = out[cols]
+    out = out[on + [c for v in values for c in (f"{v} (paper)", f"{v} (ours, {profile})") if c in out]]
     if note: out.attrs["note"] = note
     return out
 
@@ -123,6 +122,11 @@ def _fmt(x) -> str:
     except (TypeError, ValueError): return ""
     return "" if x != x else f"{x:+.2f}" if abs(x) != float("inf") else ("+inf" if x > 0 else "-inf")
 
+def _effect_ci(c) -> str:
+    "A claim's effect with its 95 % interval, '+1.20 [+0.40, +2.00]'; '' for a claim without an effect."
+    e = _fmt(c.get("effect"))
+    return f"{e} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]" if e else ""
+
 def claims_markdown(claims: pd.DataFrame, title: str, profile: str = "") -> str:
     """claims.md: the verdict counts, the regime the verdicts are about (`regime` column: once when every claim shares
     it, else a column), a table of verdicts with intervals, then each claim's full evidence. An untestable claim reads
@@ -132,11 +136,10 @@ def claims_markdown(claims: pd.DataFrame, title: str, profile: str = "") -> str:
     regimes = claims["regime"].astype(object).fillna("").astype(str) if "regime" in claims else pd.Series([""] * len(claims))
     shared = regimes.nunique() == 1 and regimes.iloc[0]
     if shared: md += f"**Regime** (what every verdict below is about): {regimes.iloc[0]}\n\n"
-    shown = [f"untestable at {profile}" if v == "untestable" and profile else v for v in claims["verdict"]]
+    shown = [shown_verdict(v, profile) for v in claims["verdict"]]
     tab = pd.DataFrame({"id": claims["id"], "verdict": shown, "claim": claims["claim"],
                         "claimed effect": claims["claimed"].fillna("") if "claimed" in claims else "",
-                        "effect [95 % CI]": [f"{_fmt(e)} [{_fmt(lo)}, {_fmt(hi)}]" if _fmt(e) else ""
-                                             for e, lo, hi in zip(claims["effect"], claims["ci_low"], claims["ci_high"])],
+                        "effect [95 % CI]": [_effect_ci(c) for _, c in claims.iterrows()],
                         "n": claims["n"].fillna(""), "smallest detectable": [_fmt(m).lstrip("+") for m in claims["mde"]]})
     if not shared and regimes.str.len().any(): tab["regime"] = regimes.values
     md += tab.to_markdown(index=False) + "\n\n## Evidence\n\n"
@@ -193,94 +196,98 @@ def result_folders(root=None) -> list[tuple[str, str, Path]]:
         base = root / "outputs" if profile == "mini" else root / "outputs" / profile
         found += [(d.name, profile, d) for d in (base.iterdir() if base.is_dir() else [])
                   if (d / "claims.csv").is_file() and (d / "manifest.json").is_file()]
-    def key(item):
-        try: meta = paper_meta(item[0], root) or {}
-        except ValueError: meta = {}
-        return (not meta.get("seed_file"), meta.get("order", 100), item[0], RESULT_PROFILES.index(item[1]))
-    return sorted(found, key=key)
+    return sorted(found, key=lambda item: (*_paper_order(item[0], root), RESULT_PROFILES.index(item[1])))
 
-def _read_claims(folder: Path, man: dict) -> pd.DataFrame:
-    cl = pd.read_csv(folder / "claims.csv", dtype={"id": str})
-    if "verdict" not in cl:
-        raise ValueError(f"{folder / 'claims.csv'} has no verdict column (written before attnrepro.verdicts): "
-                         f"re-run `attnrepro reproduce --paper {folder.name} --profile {man.get('profile')}`")
-    return cl
+def _paper_order(short: str, root) -> tuple:
+    "Papers first (a seed file: the five papers) in `paper.yaml` order, then the project's own studies (teachers, ...)."
+    try: meta = paper_meta(short, root) or {}
+    except ValueError: meta = {}
+    return (not meta.get("seed_file"), meta.get("order", 100), short)
+
+def _unprefixed(note: str) -> str:
+    "A profile note without its 'MINI PROFILE:' (smoke, gpu) heading: the regime in words."
+    heading = note.upper().startswith(("MINI PROFILE", "SMOKE PROFILE", "GPU PROFILE"))
+    return note.split(":", 1)[1].strip() if heading else note
+
+def _result_rows(root: Path, columns) -> str:
+    """A markdown table of every committed result (`result_folders`): the paper (linked to its claims.md), the profile
+    that produced it (as its manifest records it), its runs, then `columns(short, manifest, claims, profile)`."""
+    rows = []
+    for short, profile, d in result_folders(root):
+        man = json.loads((d / "manifest.json").read_text())
+        cl = pd.read_csv(d / "claims.csv", dtype={"id": str})
+        if "verdict" not in cl:
+            raise ValueError(f"{d / 'claims.csv'} has no verdict column (written before attnrepro.verdicts): "
+                             f"re-run `attnrepro reproduce --paper {d.name} --profile {man.get('profile')}`")
+        profile = man.get("profile") or profile
+        rows.append({"paper": f"[{short}]({d.relative_to(root).as_posix()}/claims.md)", "profile": profile,
+                     "runs": len(man.get("runs", [])), **columns(short, man, cl, profile)})
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
 
 def shown_verdict(verdict: str, profile: str) -> str:
     "A verdict as a reader sees it: 'untestable' says at which profile (another profile may decide the claim)."
     return f"untestable at {profile}" if verdict == "untestable" and profile else str(verdict)
 
+def _headline_row(claims: pd.DataFrame, claim_id: str | None) -> pd.Series:
+    "The headline claim: claim `claim_id`, else (no id given, or no such claim) the first one."
+    rows = claims[claims["id"].astype(str) == str(claim_id)] if claim_id is not None else claims
+    return (rows if len(rows) else claims).iloc[0]
+
 def headline(claims: pd.DataFrame, profile: str, claim_id: str | None = None) -> str:
     """One line naming a paper's headline result: its headline claim (`claim_id`, from `paper.yaml`'s `headline`,
     else the first claim: each notebook states the paper's main claim first), our verdict and the effect with its
     95 % interval beside what the paper claims."""
-    rows = claims[claims["id"].astype(str) == str(claim_id)] if claim_id is not None else claims
-    if not len(rows): rows = claims
-    c = rows.iloc[0]
-    e = _fmt(c.get("effect"))
-    effect = f", {e} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]" if e else ""
+    c = _headline_row(claims, claim_id)
+    effect = _effect_ci(c)
     claimed = c.get("claimed")
     claimed = f" (claimed {claimed})" if effect and isinstance(claimed, str) and claimed else ""
-    return f"{c['claim']} → **{shown_verdict(c['verdict'], profile)}**{effect}{claimed}"
+    return f"{c['claim']} → **{shown_verdict(c['verdict'], profile)}**{', ' + effect if effect else ''}{claimed}"
 
 def headline_regime(claims: pd.DataFrame, claim_id: str | None = None, limit: int = 90) -> str:
     """The regime the headline claim's verdict is about, for the README row: its `regime` up to the first ';' (cut
     to `limit` characters with '...'; the whole regime is in claims.md and docs/results.md), '' where none is given."""
     if "regime" not in claims: return ""
-    rows = claims[claims["id"].astype(str) == str(claim_id)] if claim_id is not None else claims
-    r = (rows if len(rows) else claims)["regime"].iloc[0]
+    r = _headline_row(claims, claim_id)["regime"]
     if not isinstance(r, str) or not r.strip(): return ""
     first = r.split(";")[0].strip()
     short = first if len(first) <= limit else first[:limit].rsplit(" ", 1)[0].rstrip(",:") + " ..."
     return short + (" ..." if short == first and first != r.strip() else "")
 
 def results_table(root=None) -> str:
-    """The README's findings at a glance: one row per paper and profile (`result_folders`), its runs, its verdict
-    counts, its headline result (`headline`) and the regime that verdict is about (`headline_regime`), from the
-    committed `claims.csv`."""
+    """The README's findings at a glance (`_result_rows`): per committed result its verdict counts, its headline result
+    (`headline`) and the regime that verdict is about (`headline_regime`)."""
     root = Path(root or project_root())
-    rows = []
-    for short, profile, d in result_folders(root):
-        man = json.loads((d / "manifest.json").read_text())
-        cl = _read_claims(d, man)
+    def columns(short, man, cl, profile):
         counts = cl["verdict"].value_counts()
         try: claim_id = (paper_meta(short, root) or {}).get("headline")
         except ValueError: claim_id = None
-        profile = man.get("profile") or profile   # the profile that produced them, as the manifest records it
-        rows.append({"paper": f"[{short}]({d.relative_to(root).as_posix()}/claims.md)", "profile": profile,
-                     "runs": len(man.get("runs", [])), **{v: int(counts.get(v, 0)) for v in VERDICTS},
-                     "headline claim → our verdict, effect [95 % CI]": headline(cl, profile, claim_id),
-                     "regime of that verdict": headline_regime(cl, claim_id)})
-    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
+        return {**{v: int(counts.get(v, 0)) for v in VERDICTS},
+                "headline claim → our verdict, effect [95 % CI]": headline(cl, profile, claim_id),
+                "regime of that verdict": headline_regime(cl, claim_id)}
+    return _result_rows(root, columns)
 
 def results_details(root=None) -> str:
-    """docs/results.md's table: per paper and profile the runs, what they cost (`run_hours`), every claim's verdict
-    and the regime the verdicts are about (the claims' `regime` column, else the profile note of the run that produced
-    them: `_regime_note`)."""
+    """docs/results.md's table (`_result_rows`): what the runs cost (`run_hours`), every claim's verdict and the regime
+    (the claims' `regime` column, else the profile note of the run that produced them: `_regime_note`)."""
     root = Path(root or project_root())
-    rows = []
-    for short, profile, d in result_folders(root):
-        man = json.loads((d / "manifest.json").read_text())
-        cl = _read_claims(d, man)
+    def columns(short, man, cl, profile):
         regimes = [r for r in cl["regime"].astype(object).fillna("").astype(str).unique() if r] if "regime" in cl else []
-        regime = "; ".join(regimes) or _regime_note(root, short, man)
-        regime = (regime.split(":", 1)[1].strip() if regime.upper().startswith(("MINI PROFILE", "SMOKE PROFILE", "GPU PROFILE"))
-                  else regime)
-        profile = man.get("profile") or profile
-        rows.append({"paper": f"[{short}]({d.relative_to(root).as_posix()}/claims.md)", "profile": profile,
-                     "runs": len(man.get("runs", [])), "run hours": run_hours(man),
-                     "claims": "; ".join(f"{i}: {shown_verdict(v, profile)}" for i, v in zip(cl["id"], cl["verdict"])),
-                     "regime": regime})
-    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no committed results yet)"
+        return {"run hours": run_hours(man),
+                "claims": "; ".join(f"{i}: {shown_verdict(v, profile)}" for i, v in zip(cl["id"], cl["verdict"])),
+                "regime": _unprefixed("; ".join(regimes) or _regime_note(root, short, man))}
+    return _result_rows(root, columns)
+
+def _mini_files(root: Path, pattern: str) -> list[Path]:
+    "The files `outputs/<paper>/<pattern>` of the committed mini results (a manifest at the mini profile beside them)."
+    return [f for f in sorted((root / "outputs").glob(f"*/{pattern}"))
+            if (m := f.parent / "manifest.json").is_file() and json.loads(m.read_text()).get("profile") == "mini"]
 
 def pilots_table(root=None) -> str:
     """The README's pilot summary: one row per method arm of every committed mini pilot (`outputs/<paper>/table_pilot*.csv`,
     written by `attnrepro.verdicts.pilot_table`): the baseline and its floor, the arm's effect and the seeds it needs."""
     root = Path(root or project_root())
     rows = []
-    for f in sorted((root / "outputs").glob("*/table_pilot*.csv")):
-        man = f.parent / "manifest.json"
-        if not man.is_file() or json.loads(man.read_text()).get("profile") != "mini": continue
+    for f in _mini_files(root, "table_pilot*.csv"):
         t = pd.read_csv(f, keep_default_na=False)
         if not {"arm", "effect vs baseline", "floor"} <= set(t.columns): continue
         metric = [c for c in t.columns if c.endswith("(mean)")][0]
@@ -317,9 +324,8 @@ def cost_section(root=None) -> str:
         if not md.exists():
             parts.append(f"_No `outputs/bench/{name}.md` committed yet: {command} writes it._")
             continue
-        text = md.read_text().strip()
-        png = bench / f"{name}.png"
-        parts.append(text + (f"\n\n![{name}](outputs/bench/{name}.png)" if png.exists() else "") + f"\n\n_Made by {command}._")
+        chart = f"\n\n![{name}](outputs/bench/{name}.png)" if (bench / f"{name}.png").exists() else ""
+        parts.append(md.read_text().strip() + chart + f"\n\n_Made by {command}._")
     return "\n\n".join(parts)
 
 READING_START, READING_END = ("<!-- reading:start (generated by `attnrepro readme` from outputs/<paper>/reading.md; do not "
@@ -330,9 +336,7 @@ def reading_section(root=None) -> str:
     `PaperRun.note(..., 'reading')`), followed by links to that paper's tables and figures."""
     root = Path(root or project_root())
     parts = []
-    for md in sorted((root / "outputs").glob("*/reading.md")):
-        man = md.parent / "manifest.json"
-        if not man.is_file() or json.loads(man.read_text()).get("profile") != "mini": continue
+    for md in _mini_files(root, "reading.md"):
         d = md.parent.name
         links = [f"[{p.stem}](outputs/{d}/{p.name})" for p in sorted(md.parent.glob("table_*.md"))]
         links += [f"[{p.stem}](outputs/{d}/{p.name})" for p in sorted(md.parent.glob("fig_*.png"))]
@@ -353,9 +357,8 @@ def generated_blocks() -> dict:
             (READING_START, READING_END): reading_section}
 
 def update_readme(root=None, check: bool = False) -> bool:
-    """Rewrite the generated blocks of README.md and docs/*.md: each file gets the blocks whose markers it holds
-    (`generated_blocks`: the findings at a glance, the results in detail, the pilots, the cost of the methods, the
-    readings); README.md must hold the findings. Links to outputs/ are made relative to each file. Returns whether any
+    """Rewrite the generated blocks (`generated_blocks`) of README.md and docs/*.md: each file gets those whose markers
+    it holds; README.md must hold the findings. Links to outputs/ are made relative to each file. Returns whether any
     file changed; with `check`, only report (for the test that keeps README and docs in sync)."""
     root = Path(root or project_root())
     files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
@@ -380,8 +383,7 @@ def _find_seed(config):
     "The run's seed: a top-level `seed`, else the first one nested in the config (e.g. its train recipe)."
     if isinstance(config, dict):
         if "seed" in config: return config["seed"]
-        for v in config.values():
-            if (s := _find_seed(v)) is not None: return s
+        config = list(config.values())
     if isinstance(config, list):
         for v in config:
             if (s := _find_seed(v)) is not None: return s
@@ -513,8 +515,7 @@ class PaperRun:
         self.paper, self.profile, self.force = paper, check_profile(profile), bool(force)
         self.out_dir = Path(out_dir).absolute()   # a relative folder (the runner passes them) is the working directory's
         self.runs_dir = Path(runs_dir).absolute() if runs_dir else self.out_dir / "runs"
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        for d in (self.out_dir, self.runs_dir): d.mkdir(parents=True, exist_ok=True)
         self.used: dict[str, dict] = {}
         self.fresh: set[str] = set()   # hashes trained by jobs of run_many in this execution (matters with force)
         self.gridded: set[str] = set()  # hashes asked for through run_many (the rest train one at a time, in this process)
@@ -533,8 +534,7 @@ class PaperRun:
     @property
     def label(self) -> str: return f"ours, {self.profile}"
 
-    def ckpt_dir(self, h: str) -> Path:
-        return run_ckpt_dir(self.paper, self.profile, h)
+    def ckpt_dir(self, h: str) -> Path: return run_ckpt_dir(self.paper, self.profile, h)
 
     def has_result(self, h: str) -> bool:
         "Whether run `h` has a result this execution uses (with `force`: only one trained in this execution)."
@@ -579,37 +579,37 @@ class PaperRun:
         self.gridded |= {config_hash(config) for _, config in items}
         ex = executor_name()
         if ex != "serial" and os.environ.get("ATTNREPRO_CACHED_ONLY") != "1" and not dry_run_steps():
-            from attnrepro.scale import run_grid
             self.fresh |= run_grid(self, items, fn, ex, depends)
         return [self.run(config, fn, name) for name, config in items]
+
+    def _written(self, *files: str, md: str | None = None) -> None:
+        """Record output `files` (for the manifest) with the notebook cell that wrote them (provenance); `md`: the text
+        of the last one, written here with a line naming that cell."""
+        prov = _current_cell(self._cells, self._nb_label)
+        if md is not None:
+            atomic_write_text(self.out_dir / files[-1], md + (f"\n_Produced by {prov}._\n" if prov else ""))
+        self.outputs += files
+        if prov: self.provenance.update(dict.fromkeys(files, prov))
 
     def table(self, df: pd.DataFrame, table_id: str, caption: str = "") -> pd.DataFrame:
         "Write `table_<id>.csv` and `.md` (the caption, the profile label, then the table)."
         df.to_csv(self.out_dir / f"table_{table_id}.csv", index=False)
         note = df.attrs.get("note")
-        prov = _current_cell(self._cells, self._nb_label)
         md = (f"**Table {table_id}** ({self.label}). {caption}\n\n" + (f"{note}\n\n" if note else "")
-              + table_markdown(df) + "\n" + (f"\n_Produced by {prov}._\n" if prov else ""))
-        if prov: self.provenance.update({f"table_{table_id}.csv": prov, f"table_{table_id}.md": prov})
-        atomic_write_text(self.out_dir / f"table_{table_id}.md", md)
-        self.outputs += [f"table_{table_id}.csv", f"table_{table_id}.md"]
+              + table_markdown(df) + "\n")
+        self._written(f"table_{table_id}.csv", f"table_{table_id}.md", md=md)
         return df
 
     def note(self, text: str, note_id: str) -> str:
         "Write `<note_id>.md`: a paragraph of prose about the results (e.g. 'reading', quoted by the README), labelled."
-        prov = _current_cell(self._cells, self._nb_label)
-        md = f"**{note_id.capitalize()}** ({self.label}). {text}\n" + (f"\n_Produced by {prov}._\n" if prov else "")
-        if prov: self.provenance[f"{note_id}.md"] = prov
-        atomic_write_text(self.out_dir / f"{note_id}.md", md)
-        self.outputs.append(f"{note_id}.md")
+        self._written(f"{note_id}.md", md=f"**{note_id.capitalize()}** ({self.label}). {text}\n")
         return text
 
     def figure(self, fig, fig_id: str, dpi: int = 100):
         "Save `fig_<id>.png` at screen resolution, titled with the profile, and show it in the notebook (`show_figure`)."
         fig.suptitle(f"{fig._suptitle.get_text() + ' ' if fig._suptitle else ''}[{self.label}]", fontsize=9)
         fig.savefig(self.out_dir / f"fig_{fig_id}.png", dpi=dpi, bbox_inches="tight")
-        self.outputs.append(f"fig_{fig_id}.png")
-        if prov := _current_cell(self._cells, self._nb_label): self.provenance[f"fig_{fig_id}.png"] = prov
+        self._written(f"fig_{fig_id}.png")
         show_figure(self.out_dir / f"fig_{fig_id}.png")
         return fig
 
@@ -618,7 +618,6 @@ class PaperRun:
         when this machine lacks what the recipe needs, naming all of it at once: a CUDA device (`trains`: what the
         recipe trains, in words), each of `datasets` (a download is tried where allowed, else the error says what to put
         where), each of `teachers` ({spec: how to get it}) that `get_teacher` cannot find. Outputs written so far stay."""
-        from attnrepro.dryrun import dry_run_steps
         if self.profile != "paper" or dry_run_steps(): return
         import torch
         from attnrepro.data import DATASETS, DataNotFoundError, get_dataset, list_datasets
@@ -656,8 +655,7 @@ class PaperRun:
             verdict, evidence = provided(pre, verdict), "; ".join(x for x in (met and f"precondition met: {met}", evidence) if x)
         ev = str(verdict) + (f"; {evidence}" if evidence else "")
         self.claims.append(dict(id=str(claim_id), claim=text, **verdict.row(), evidence=ev, regime=regime or ""))
-        print(f"[{verdict.verdict}{' at ' + self.profile if verdict.verdict == 'untestable' else ''}] claim {claim_id}: "
-              f"{text} -- {ev}")
+        print(f"[{shown_verdict(verdict.verdict, self.profile)}] claim {claim_id}: {text} -- {ev}")
         return verdict
 
     def finish(self, recipe: Recipe | None = None) -> dict:

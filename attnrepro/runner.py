@@ -81,8 +81,7 @@ def ensure_kernel(name: str = KERNEL_NAME) -> str:
     try:
         spec = KernelSpecManager().get_kernel_spec(name)
         if Path(spec.argv[0]).resolve() == Path(sys.executable).resolve(): return name
-    except NoSuchKernel:
-        pass
+    except NoSuchKernel: pass
     from ipykernel.kernelspec import install
     install(kernel_name=name, display_name=f"Python ({name})", prefix=sys.prefix)
     return name
@@ -171,13 +170,20 @@ def _kernel_env(**env: str):
             if v is None: os.environ.pop(k, None)
             else: os.environ[k] = v
 
+def _execute(nb: Path, dest: Path, root: Path, parameters: dict, log_output: bool, **env: str) -> None:
+    """Execute `nb` into `dest` with papermill in a kernel at the project root that knows its notebook (provenance),
+    keeps figures as files only (not inline) and sees `env`."""
+    import papermill as pm
+    with _kernel_env(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0", **env):
+        pm.execute_notebook(str(nb), str(dest), parameters=parameters, kernel_name=ensure_kernel(), cwd=str(root),
+                            progress_bar=False, log_output=log_output, extra_arguments=KERNEL_ARGS)
+
 def _publish(staging: Path, final: Path) -> None:
     final.mkdir(parents=True, exist_ok=True)
     produced = {p.name for p in staging.iterdir()}
     for p in staging.iterdir():
         target = final / p.name
-        if p.is_dir():
-            if target.exists(): shutil.rmtree(target)
+        if p.is_dir() and target.exists(): shutil.rmtree(target)
         os.replace(p, target)
     for p in final.iterdir():  # outputs the notebook no longer makes; runs/ (the cache) and weights/ (teachers) are kept
         if p.name not in produced and p.name not in ("runs", "weights") and not p.name.startswith("."):
@@ -205,7 +211,6 @@ def _checked_params(short: str, profile: str, params: dict | None, root: Path) -
 def run_paper(short: str, profile: str = "smoke", force: bool = False, params: dict | None = None,
               root=None, log_output: bool = False) -> dict:
     "Execute `nbs/papers/<short>.ipynb` at `profile` and publish its outputs; returns the manifest."
-    import papermill as pm
     from papermill.exceptions import PapermillExecutionError
     root = Path(root or project_root())
     nb, params = _checked_params(short, profile, params, root)
@@ -223,11 +228,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     failed = root / "outputs" / ".failed" / profile / short
     runs_before = {p.name for p in (final / "runs").glob("*.json")}
     try:
-        # the kernel (cwd = root) inherits the notebook's path (provenance) and keeps figures as files only (not inline)
-        with _kernel_env(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0"):
-            pm.execute_notebook(str(nb), str(staging / f"{short}.ipynb"), parameters=all_params,
-                                kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False, log_output=log_output,
-                                extra_arguments=KERNEL_ARGS)
+        _execute(nb, staging / f"{short}.ipynb", root, all_params, log_output)
     except PapermillExecutionError as e:
         if e.ename in ("RunsPending", "BudgetExhausted"):   # --no-wait, or a window's budget: nothing published or failed
             shutil.rmtree(staging, ignore_errors=True)
@@ -255,14 +256,12 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     used = json.loads(used_path.read_text()) if used_path.exists() else {"runs": [], "seeds": []}
     try: note = load_profile(short, profile, root).get("note", "")   # the regime the results come from (README)
     except (ValueError, FileNotFoundError): note = ""
+    shown = {k: v for k, v in all_params.items() if k != "runs_dir"} | {"out_dir": os.path.relpath(final, root)}
     manifest = dict(paper=short, title=paper_meta(short, root).get("title"), profile=profile, note=note, git_commit=commit,
-                    started=started, wall_time_s=round(time.time() - t0, 1), parameters=all_params | {"out_dir": str(final)},
+                    started=started, wall_time_s=round(time.time() - t0, 1), parameters=shown,   # no absolute paths
                     seeds=used.get("seeds", []), runs=used.get("runs", []), outside_grids=used.get("outside_grids", []),
-                    claims=used.get("claims", []),
-                    provenance=used.get("provenance", {}),
+                    claims=used.get("claims", []), provenance=used.get("provenance", {}),
                     packages=package_versions(), command=" ".join(sys.argv))
-    del manifest["parameters"]["runs_dir"]
-    manifest["parameters"]["out_dir"] = os.path.relpath(final, root)   # no machine-specific absolute paths
     atomic_write_json(staging / "manifest.json", manifest)
     _publish(staging, final)
     shutil.rmtree(failed, ignore_errors=True)   # an earlier failure of this paper and profile is now stale
@@ -278,7 +277,6 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
     (`cpu_batch`: the batch a CPU times, default 8; `quick`: each step shape timed once, see `dryrun.dry_run_quick`). Returns dict(table=DataFrame, markdown, stopped=None or why the
     notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>)."""
     import tempfile
-    import papermill as pm
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
     from attnrepro.dryrun import QUICK_CPU_HEAD_DIM, QUICK_CPU_MAX_WIDTH
@@ -295,19 +293,16 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
         for sub in ("data", "extracted", "decoded"):   # data only; checkpoints and teachers of a dry run are throw-away
             (cache / sub).symlink_to(cache_dir(sub), target_is_directory=True)
         log = tmp / "probes.jsonl"
-        env = dict(ATTNREPRO_NOTEBOOK=os.path.relpath(nb, root), ATTNREPRO_INLINE_FIGURES="0", ATTNREPRO_DRY_RUN=str(steps),
-                   ATTNREPRO_DRY_RUN_LOG=str(log), ATTNREPRO_CACHE=str(cache), ATTNREPRO_EXECUTOR="serial",
-                   HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))   # hub weights only if cached: random ones do
+        # HF_HUB_OFFLINE: hub weights only if cached (random ones do)
+        env = dict(ATTNREPRO_DRY_RUN=str(steps), ATTNREPRO_DRY_RUN_LOG=str(log), ATTNREPRO_CACHE=str(cache),
+                   ATTNREPRO_EXECUTOR="serial", HF_HUB_OFFLINE=os.environ.get("HF_HUB_OFFLINE", "1"))
         if cpu_batch: env["ATTNREPRO_DRY_RUN_CPU_BATCH"] = str(cpu_batch)
         env["ATTNREPRO_DRY_RUN_QUICK"] = "1" if quick else ""
         stopped, t0 = None, time.time()
         executed = tmp / f"{short}.ipynb"
         try:
-            with _kernel_env(**env):
-                pm.execute_notebook(str(nb), str(executed), kernel_name=ensure_kernel(), cwd=str(root), progress_bar=False,
-                                    parameters=dict(params, profile=profile, out_dir=str(tmp / "out"),
-                                                    runs_dir=str(tmp / "runs"), force=False),
-                                    log_output=log_output, extra_arguments=KERNEL_ARGS)
+            _execute(nb, executed, root, dict(params, profile=profile, out_dir=str(tmp / "out"),
+                                              runs_dir=str(tmp / "runs"), force=False), log_output, **env)
         except PapermillExecutionError as e:
             stopped = f"the notebook stopped in cell {e.exec_count} (index {e.cell_index}): {e.ename}: {e.evalue}"[:800]
         except KeyboardInterrupt:   # Ctrl-C or a time limit (`timeout -s INT`): what was measured is still written
@@ -377,25 +372,21 @@ def reproduce(papers: list[str] | None = None, profile: str = "smoke", force: bo
     if budget_minutes is not None: start_budget(budget_minutes)
     try:
         papers = list(papers or (gpu_queue_papers(root) if profile == "gpu" else runnable_papers(root)))
-        return _reproduce(papers, profile, force, params, root, progress, log_output)
+        known = known_papers(root)
+        bad = [p for p in papers if p not in known]
+        if bad: raise ValueError(f"Unknown paper(s) {bad}; known papers: {known}")
+        results = {}
+        bar = tqdm(papers, desc=f"reproduce ({profile})", unit="paper", disable=not progress or not papers)
+        for p in bar:
+            bar.set_postfix_str(p)
+            try:
+                results[p] = run_paper(p, profile, force=force, params=params, root=root, log_output=log_output)
+            except PaperFailed as e:
+                results[p] = e
+                tqdm.write(str(e))
+        return results
     finally:
         if budget_minutes is not None: clear_budget()
-
-def _reproduce(papers, profile, force, params, root, progress, log_output) -> dict:
-    known = known_papers(root)
-    bad = [p for p in papers if p not in known]
-    if bad: raise ValueError(f"Unknown paper(s) {bad}; known papers: {known}")
-    results = {}
-    if not papers: return results
-    bar = tqdm(papers, desc=f"reproduce ({profile})", unit="paper", disable=not progress)
-    for p in bar:
-        bar.set_postfix_str(p)
-        try:
-            results[p] = run_paper(p, profile, force=force, params=params, root=root, log_output=log_output)
-        except PaperFailed as e:
-            results[p] = e
-            tqdm.write(str(e))
-    return results
 
 def status(root=None) -> list[dict]:
     "Each known paper: notebook present?, expected tables/figures, and what exists under outputs/."
@@ -434,7 +425,6 @@ def stale_runs(short: str, profile: str = "mini", root=None) -> dict:
     dict(stale=[run JSON paths], used=n, kept_newer=n, manifest=path). Raises ValueError when there is no published
     manifest or it was made with --param overrides (its runs are then not the profile's grid)."""
     root = Path(root or project_root())
-    check_profile(profile)
     if short not in known_papers(root): raise ValueError(f"Unknown paper {short!r}; known papers: {known_papers(root)}")
     d = output_dir(short, profile, root)
     man_path = d / "manifest.json"

@@ -84,10 +84,13 @@ def slurm_parameters() -> dict:
 def local_slots() -> int:
     "How many local jobs run at once: `ATTNREPRO_LOCAL_JOBS`, else one per visible GPU, else 1."
     if os.environ.get("ATTNREPRO_LOCAL_JOBS", "").strip(): return env_int("ATTNREPRO_LOCAL_JOBS", 1)
+    return max(1, _cuda_count())
+
+def _cuda_count() -> int:
     try:
         import torch
-        return max(1, torch.cuda.device_count())
-    except ImportError: return 1
+        return torch.cuda.device_count()
+    except ImportError: return 0
 
 def job_threads(slots: int) -> int | None:
     """CPU threads for each of `slots` local jobs running at once: the machine's cores shared out (each job would
@@ -155,8 +158,7 @@ def _local_live(m: dict) -> bool:
     pid = str(m["job_id"])
     try:   # the pid must still be submitit's controller (pids are reused)
         return b"submitit" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        pass
+    except (OSError, ValueError): pass
     try: os.kill(int(pid), 0)
     except (ValueError, ProcessLookupError, OverflowError): return False
     except PermissionError: return True
@@ -336,12 +338,6 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
                          if blocked else "") + f". Job files: {jobs_dir(pr.paper, pr.profile)}")
     return fresh
 
-def _cuda_count() -> int:
-    try:
-        import torch
-        return torch.cuda.device_count()
-    except ImportError: return 0
-
 # %% ../nbs/21_scale.ipynb #0e70e8cd
 # the switch and the probe log live on the ground floor (attnrepro.dryrun); the names stay importable from here
 from .dryrun import PROBES, _CURRENT, _log_dry, dry_run_cpu_batch, dry_run_steps, record_probe
@@ -417,16 +413,14 @@ def cost_table(rows: list[dict]):
         if d.get("narrowed"):   # dryrun.quick_width: a quick dry run on a CPU built a ViT-B/L/H narrower
             d["status"] += f"; ViT width {', '.join(d['narrowed'])} (quick, CPU: hours not the recipe's)"
         g = lambda k, fn=sum: fn(x[k] for x in f) if f else float("nan")
+        joined = lambda k: ", ".join(dict.fromkeys(str(x[k]) for x in f))   # the distinct values of the run's fits
         out.append({"run": d["run"], "hash": d["hash"], "status": d["status"], "fits": len(f),
-                    "method": ", ".join(dict.fromkeys(str(x["method"]) for x in f)),
-                    "device": ", ".join(dict.fromkeys(str(x["device"]) for x in f)),
-                    "batch (recipe)": ", ".join(dict.fromkeys(str(x["batch_recipe"]) for x in f)),
-                    "batch (timed)": ", ".join(dict.fromkeys(str(x["batch_timed"]) for x in f)),
+                    "method": joined("method"), "device": joined("device"),
+                    "batch (recipe)": joined("batch_recipe"), "batch (timed)": joined("batch_timed"),
                     "step s (timed batch)": g("step_s_timed", max), "step s (recipe batch)": g("step_s", max),
                     "loader s (cold, timed batch)": max((x["load_s"] for x in f if x.get("load_s") is not None),
                                                         default=float("nan")),   # older logs have none
-                    "peak memory GB": g("peak_mem_mb", max) / 1024, "memory measured as": ", ".join(
-                        dict.fromkeys(str(x["mem_kind"]) for x in f)),
+                    "peak memory GB": g("peak_mem_mb", max) / 1024, "memory measured as": joined("mem_kind"),
                     "train images": g("n_train", max), "steps/epoch": g("steps_per_epoch", max), "epochs": g("epochs", max),
                     "train h": g("train_h"), "eval h": g("eval_h"), "total h": g("train_h") + g("eval_h")})
     df = pd.DataFrame(out)

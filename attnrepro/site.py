@@ -10,7 +10,8 @@ from pathlib import Path
 import pandas as pd
 
 from .core import atomic_write_text, git_commit, project_root
-from .report import RESULT_PROFILES, _fmt, _regime_note, check_profile, paper_meta, shown_verdict
+from .report import (RESULT_PROFILES, _effect_ci, _paper_order, _regime_note, _unprefixed, check_profile,
+                              paper_meta, shown_verdict)
 from .runner import known_papers, output_dir
 from .verdicts import VERDICTS
 
@@ -23,18 +24,13 @@ __all__ = ['SITE_MARKER', 'VERDICT_COLOURS', 'PAGE_BASE_CSS', 'CLAIMS_CSS', 'PAG
 SITE_MARKER = ".attnrepro-site"   # marks a folder `build_site` made (and may therefore wipe and rebuild)
 VERDICT_COLOURS = {"holds": "#1a7f37", "does not hold": "#cf222e", "inconclusive": "#9a6700", "untestable": "#6e7781"}
 
-def _order(p: str, root) -> tuple:
-    "Papers first (a seed file: the five papers) in `paper.yaml` order, then the project's own studies (teachers, ...)."
-    meta = paper_meta(p, root) or {}
-    return (not meta.get("seed_file"), meta.get("order", 100), p)
-
 def site_papers(profile: str = "mini", root=None) -> list[str]:
     """Known papers with results at `profile` (an executed notebook or a claims file): the papers first, in
     `paper.yaml` order, then the project's own studies (the teachers, the head to head)."""
     root = Path(root or project_root())
     have = [p for p in known_papers(root) if (output_dir(p, profile, root) / f"{p}.ipynb").is_file()
             or (output_dir(p, profile, root) / "claims.csv").is_file()]
-    return sorted(have, key=lambda p: _order(p, root))
+    return sorted(have, key=lambda p: _paper_order(p, root))
 
 def site_profiles(profile: str, short: str, root=None) -> list[str]:
     """The profiles whose claims a paper's rows show side by side: `profile` first, then every other committed profile
@@ -42,13 +38,6 @@ def site_profiles(profile: str, short: str, root=None) -> list[str]:
     root = Path(root or project_root())
     if profile not in RESULT_PROFILES: return [profile]
     return [profile] + [p for p in RESULT_PROFILES if p != profile and (output_dir(short, p, root) / "claims.csv").is_file()]
-
-def _provenance(folder: Path) -> dict:
-    "{output file: 'nbs/papers/<p>.ipynb, cell i (id x)'} from the manifest (runner) or runs_used.json (any run)."
-    for name in ("manifest.json", "runs_used.json"):
-        try: return json.loads((folder / name).read_text()).get("provenance", {}) or {}
-        except (OSError, ValueError): pass
-    return {}
 
 def figure_cells(nb, figures: list[str], provenance: dict) -> dict[int, list[str]]:
     """Which code cell of the executed notebook `nb` made each figure file: by the cell id the provenance names, else
@@ -107,8 +96,7 @@ def render_paper_page(nb_path: Path | str, dest: Path | str, title: str, figures
                 "display_data", data={"text/html": "\n".join(_figure_html(f) for f in figs)})]))
             continue
         cell = nb.cells[i]
-        shown = any("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
-        if not shown:
+        if not any("image/png" in o.get("data", {}) for o in cell.get("outputs", [])):   # not shown inline already
             cell.outputs += [nbformat.v4.new_output("display_data", data={"text/html": _figure_html(f)}) for f in figs]
     for md in (intro_html, header_md):
         if md: nb.cells.insert(0, nbformat.v4.new_markdown_cell(md))
@@ -129,10 +117,6 @@ def _thumbnail(src: Path, dest: Path, size=(360, 220)) -> None:
 def _claims(folder: Path) -> pd.DataFrame:
     try: return pd.read_csv(folder / "claims.csv", dtype={"id": str, "claimed": str, "n": str, "regime": str})
     except (OSError, ValueError, pd.errors.EmptyDataError): return pd.DataFrame()
-
-def _effect(c) -> str:
-    e = _fmt(c.get("effect"))
-    return f"{e} [{_fmt(c.get('ci_low'))}, {_fmt(c.get('ci_high'))}]" if e else ""
 
 def _text(v) -> str:
     return "" if v is None or (isinstance(v, float) and v != v) else html.escape(str(v))
@@ -167,7 +151,7 @@ def _verdict_cell(c, profile: str) -> str:
     if c is None: return '<td class="verdict"><small>not run</small></td><td class="effect"></td><td class="regime"></td>'
     v = str(c.get("verdict"))
     claimed = _text(c.get("claimed"))
-    effect = _effect(c)
+    effect = _effect_ci(c)
     return (f'<td class="verdict" style="color:{VERDICT_COLOURS.get(v, "inherit")}">{html.escape(shown_verdict(v, profile))}'
             f'</td><td class="effect">{effect}{"<br>" if effect and claimed else ""}'
             f'{f"<small>claimed {claimed}</small>" if claimed and effect else ""}</td>')
@@ -195,25 +179,22 @@ def claims_table(papers: list[dict], profiles: list[str], page_links: bool = Tru
     for e in papers:
         short = html.escape(e["short"])
         name = f'<a class="short" href="{short}/index.html">{short}</a>' if e.get("page") and page_links else f'<b>{short}</b>'
+        # {profile: {claim id: claim}} of the profiles with claims, in `profiles` order
+        by = {p: {str(c["id"]): c for _, c in e["claims"][p].iterrows()} for p in profiles
+              if e["claims"].get(p) is not None and len(e["claims"][p])}
         counts = []
-        for p in profiles:
-            cl = e["claims"].get(p)
-            if cl is None or not len(cl): continue
-            vc = cl["verdict"].value_counts()
+        for p in by:
+            vc = e["claims"][p]["verdict"].value_counts()
             counts.append(f"{html.escape(p)}: " + " · ".join(
                 f'<span style="color:{VERDICT_COLOURS[v]}">{int(vc[v])} {html.escape(shown_verdict(v, p))}</span>'
                 for v in VERDICTS if vc.get(v, 0)))
         rows = [f'<tr class="paper" id="{short}"><th colspan="{ncols}">{name} <span class="title">{_text(e.get("title"))}'
                 f'</span><span class="counts">{" — ".join(counts) or "<small>no claims file</small>"}</span></th></tr>']
-        ids = list(dict.fromkeys(str(i) for p in profiles if e["claims"].get(p) is not None and len(e["claims"][p])
-                                 for i in e["claims"][p]["id"]))
-        by = {p: {str(c["id"]): c for _, c in e["claims"][p].iterrows()} for p in profiles
-              if e["claims"].get(p) is not None and len(e["claims"][p])}
         previous = {p: None for p in profiles}
-        for k, cid in enumerate(ids):
-            first = next(by[p][cid] for p in profiles if p in by and cid in by[p])
-            evidence = " ".join(f"<p><b>{html.escape(p)}</b>: {_text(by[p][cid].get('evidence'))}</p>" for p in profiles
-                                if p in by and cid in by[p])
+        for k, cid in enumerate(dict.fromkeys(cid for p in by for cid in by[p])):
+            have = [p for p in by if cid in by[p]]
+            first = by[have[0]][cid]
+            evidence = " ".join(f"<p><b>{html.escape(p)}</b>: {_text(by[p][cid].get('evidence'))}</p>" for p in have)
             rests = (sources or {}).get(e["short"], {}).get(cid, "")
             cells = (f'<td class="label" title="{html.escape(cid)}">{html.escape(short_label(cid, k))}</td>'
                      f'<td class="claim">{_text(first.get("claim"))}{f"<div class=rests>{rests}</div>" if rests else ""}'
@@ -270,24 +251,21 @@ def _fresh_dir(out: Path) -> None:
     out.mkdir(parents=True)
     (out / SITE_MARKER).write_text("made by `attnrepro site`; rebuilt (wiped) on every run\n")
 
-def _manifest(folder: Path) -> dict:
-    try: return json.loads((folder / "manifest.json").read_text())
+def _json(path: Path) -> dict:
+    try: return json.loads(path.read_text())
     except (OSError, ValueError): return {}
 
 def _note(root: Path, short: str, folder: Path) -> str:
     "The regime a claims file without a `regime` column is about: the profile note of the run that produced it."
-    man = _manifest(folder)
-    if not man: return ""
-    note = _regime_note(root, short, man)
-    return note.split(":", 1)[1].strip() if note.upper().startswith(("MINI PROFILE", "SMOKE PROFILE", "GPU PROFILE")) else note
+    man = _json(folder / "manifest.json")
+    return _unprefixed(_regime_note(root, short, man)) if man else ""
 
 def _sources_html(claims: pd.DataFrame, outputs: list[str], given: dict, cell_ids: dict) -> dict:
     "{claim id: 'rests on: table_2 · fig_3' with links into the page} for the claims whose tables or figures are known."
     out = {}
     for _, c in claims.iterrows():
-        names = claim_sources(c, outputs, given)
-        links = [f'<a href="#{html.escape(cell_ids[n]) if n in cell_ids else html.escape(n)}">{html.escape(n)}</a>'
-                 for n in names]
+        links = [f'<a href="#{html.escape(cell_ids.get(n, n))}">{html.escape(n)}</a>'
+                 for n in claim_sources(c, outputs, given)]
         if links: out[str(c["id"])] = "rests on: " + " · ".join(links)
     return out
 
@@ -314,7 +292,7 @@ def build_site(profile: str = "mini", out: Path | str | None = None, root=None, 
     for p in papers:
         src = output_dir(p, profile, root)
         meta = paper_meta(p, root) or {}
-        manifest = _manifest(src)
+        manifest = _json(src / "manifest.json")
         profiles = site_profiles(profile, p, root)
         shown += [q for q in profiles if q not in shown]
         claims = {q: _claims(output_dir(p, q, root)) for q in profiles}
@@ -326,16 +304,15 @@ def build_site(profile: str = "mini", out: Path | str | None = None, root=None, 
             _thumbnail(src / f, out / p / "thumbs" / f)
         nb = src / f"{p}.ipynb"
         title = meta.get("title", p)
-        entry = dict(short=p, title=title, page=nb.is_file(), claims=claims, notes=notes, figures=figures,
-                     runs=len(manifest["runs"]) if "runs" in manifest else None)
+        entry = dict(short=p, title=title, page=nb.is_file(), claims=claims, notes=notes, figures=figures)
         if nb.is_file():
-            prov = _provenance(src)
+            # {output file: 'nbs/papers/<p>.ipynb, cell i (id x)'}: the runner's manifest, else runs_used.json (any run)
+            prov = (manifest or _json(src / "runs_used.json")).get("provenance") or {}
             outputs = sorted({k.rsplit(".", 1)[0] for k in prov} | {f.stem for f in src.glob("table_*.md")}
                              | {Path(f).stem for f in figures})
             cell_ids = {k.rsplit(".", 1)[0]: f"cell-id={m.group(1)}" for k, v in prov.items()
                         if k.startswith("table_") and (m := re.search(r"\(id ([^)]+)\)", v))}
-            sources = {p: _sources_html(claims[profile], outputs, meta.get("claim_sources") or {}, cell_ids)} \
-                if len(claims[profile]) else {}
+            sources = {p: _sources_html(claims[profile], outputs, meta.get("claim_sources") or {}, cell_ids)}
             tables = [o for o in outputs if o.startswith("table_")]
             at = " and ".join(f"**{q}**" for q in profiles)
             header = (f"[&larr; all papers](../index.html#{p}) · **{p}**: {html.escape(title)} · claims at the {at} "
