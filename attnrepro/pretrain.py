@@ -606,8 +606,8 @@ def pretrain_dataset(spec: Mapping, img_size: int):
     algo, aug = spec["algorithm"], spec.get("augment") or {}
     if algo == "mae": tf = mae_transform(img_size)
     elif algo == "dino":
-        tf = MultiCropTransform(img_size, n_local=aug["n_local"], global_scale=tuple(aug["global_scale"]),
-                                local_scale=tuple(aug["local_scale"]))
+        scales = {k: tuple(aug[k]) for k in ("global_scale", "local_scale") if k in aug}   # absent: the class's
+        tf = MultiCropTransform(img_size, n_local=aug["n_local"], **scales)
     elif algo == "supervised": tf = train_transform(aug["preset"], img_size)
     else: raise ValueError(f"unknown algorithm {algo!r}; valid: mae, dino, supervised")
     d = spec["data"]
@@ -628,7 +628,7 @@ def tiny_teacher(algorithm: str = "mae", data: str = "tiny-imagenet-sample", arc
     if (folder / f"{name}.json").is_file() and (folder / f"{name}.safetensors").is_file():
         return load_teacher(name, teacher_dir=folder)
     cfg = TrainConfig(epochs=epochs, batch_size=50, lr=lr, warmup_epochs=0, weight_decay=0.05, seed=seed)
-    aug = dict(n_local=2, global_scale=(0.25, 1.0), local_scale=(0.05, 0.25), preset="weak")   # MultiCropTransform's
+    aug = dict(n_local=2, preset="weak")   # DINO: 2 local crops at MultiCropTransform's scales; supervised: weak
     ds = pretrain_dataset(dict(algorithm=algorithm, data={"name": data}, augment=aug), arch["img_size"])
     kw = {"mae": dict(decoder_dim=32, decoder_depth=1, decoder_heads=2), "supervised": {},
           "dino": dict(out_dim=64, hidden_dim=32, bottleneck_dim=16, warmup_teacher_temp_epochs=1)}[algorithm]
