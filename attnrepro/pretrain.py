@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import numpy as np
 import pandas as pd
 import timm
+import yaml
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -21,14 +22,14 @@ from torch.utils.data import DataLoader
 from timm.models.vision_transformer import Block, VisionTransformer
 
 from .attention import attention_maps
-from .core import cache_dir, config_hash, git_commit, seed_everything
+from .core import cache_dir, config_hash, git_commit, project_root, seed_everything
 from .data import (IMAGENET_MEAN, IMAGENET_STD, LabelledSubset, class_balanced_subset, denormalize,
                             eval_transform, get_dataset, train_transform)
 from .dryrun import dry_run_steps
 from .evaluate import (attention_mask_jaccard, boxes_to_mask, extract_features, knn_accuracy, linear_probe,
                                 upsample_maps)
 from .methods import create_method   # the registry: it imports nothing from here
-from .models import create_student, load_state_dict_strict, load_teacher, save_teacher
+from .models import create_student, load_state_dict_strict, load_teacher, save_teacher, teacher_available
 from .train import TrainConfig, fit
 from .protocol import LossTerm, Method, StepContext, ce_term
 from .transfer import scratch_student, vit_shape
@@ -40,11 +41,12 @@ __all__ = ['TINY_ARCH', 'DRY_QUALITY', 'encoder_config', 'clean_encoder', 'cls_t
            'teacher_temp_at', 'ema_momentum_at', 'ema_update', 'clip_gradients_per_param', 'RandomGaussianBlurPIL',
            'MultiCropTransform', 'mae_transform', 'loss_curve', 'knn_monitor', 'MAEMethod', 'DINOMethod',
            'pretrain_mae', 'pretrain_dino', 'pretrain_supervised', 'cls_features', 'feature_quality',
-           'random_init_quality', 'teacher_quality', 'pretrain_dataset', 'tiny_teacher', 'get_teacher', 'quality_sets',
-           'quality_kwargs', 'train_teacher_run', 'gate_run', 'plot_cls_attention', 'published_checkpoints',
-           'teacher_names', 'teacher_plan', 'random_init_run', 'saved_teacher_matches', 'teacher_summary',
-           'quality_table', 'manifest_table', 'teacher_words', 'quality_regime', 'check_beats_random', 'gates_table',
-           'gate_pilot', 'plot_loss_curves', 'spread_indices', 'attention_objects_table']
+           'random_init_quality', 'teacher_quality', 'pretrain_dataset', 'tiny_teacher', 'TeacherPending',
+           'planned_teachers', 'get_teacher', 'quality_sets', 'quality_kwargs', 'train_teacher_run', 'gate_run',
+           'plot_cls_attention', 'published_checkpoints', 'teacher_names', 'teacher_plan', 'random_init_run',
+           'saved_teacher_matches', 'teacher_summary', 'quality_table', 'manifest_table', 'teacher_words',
+           'quality_regime', 'check_beats_random', 'gates_table', 'gate_pilot', 'plot_loss_curves', 'spread_indices',
+           'attention_objects_table']
 
 # %% ../nbs/11_pretrain.ipynb #c923e646
 def _check_encoder(enc: nn.Module, who: str) -> VisionTransformer:
@@ -638,8 +640,31 @@ def tiny_teacher(algorithm: str = "mae", data: str = "tiny-imagenet-sample", arc
                  dir=folder, overwrite=True)
     return load_teacher(name, teacher_dir=folder)
 
+class TeacherPending(RuntimeError):
+    """A project teacher that papers/teachers/profiles.yaml defines but nobody has trained yet (the gpu profile's, before
+    a GPU window): the paper waits for it (`attnrepro reproduce` reports it pending, exit code 3), it has not failed."""
+
+def planned_teachers(root=None) -> dict[str, dict]:
+    "The project's own teachers, trained or not: {name: {profile, arch}} from papers/teachers/profiles.yaml (empty outside a clone)."
+    try: p = Path(root or project_root()) / "papers" / "teachers" / "profiles.yaml"
+    except FileNotFoundError: return {}
+    profiles = yaml.safe_load(p.read_text()) if p.is_file() else {}
+    return {name: dict(profile=prof, arch=P["arch"]) for prof, P in (profiles or {}).items()
+            if isinstance(P, dict) and "arch" in P for name in P.get("teachers") or {}}
+
 def get_teacher(spec: str | dict) -> nn.Module:
-    "The teacher a profile names: a `load_teacher` name/path (str) or `tiny_teacher` kwargs (dict), in eval mode."
+    """The teacher a profile names: a `load_teacher` name/path (str) or `tiny_teacher` kwargs (dict), in eval mode. A
+    project teacher not trained yet raises `TeacherPending`; a dry run gets random weights of its architecture."""
+    plan = planned_teachers().get(spec) if isinstance(spec, str) and not teacher_available(spec) else None
+    if plan and dry_run_steps():   # a dry run costs the grid: the architecture matters, not the weights
+        print(f"[dry run] teacher {spec!r} is not trained yet: random weights of its architecture {plan['arch']}")
+        t = create_student("vit", num_classes=0, **plan["arch"])
+        t.teacher_cfg = dict(name=spec, source="dry run: random weights (not trained yet)", sha256=None)
+        return t.eval()
+    if plan:
+        raise TeacherPending(f"teacher {spec!r} (papers/teachers/profiles.yaml, profile {plan['profile']!r}) is not trained "
+                             f"yet: run `attnrepro reproduce --paper teachers --profile {plan['profile']}` first"
+                             + (" (in a GPU window: docs/gpu.md)" if plan["profile"] == "gpu" else ""))
     if isinstance(spec, str): return load_teacher(spec)
     if isinstance(spec, dict): return tiny_teacher(**spec)
     raise TypeError(f"get_teacher: expected a teacher name (str) or tiny_teacher kwargs (dict), got {type(spec).__name__}")

@@ -230,7 +230,7 @@ def run_paper(short: str, profile: str = "smoke", force: bool = False, params: d
     try:
         _execute(nb, staging / f"{short}.ipynb", root, all_params, log_output)
     except PapermillExecutionError as e:
-        if e.ename in ("RunsPending", "BudgetExhausted"):   # --no-wait, or a window's budget: nothing published or failed
+        if e.ename in ("RunsPending", "BudgetExhausted", "TeacherPending"):   # nothing published or failed
             shutil.rmtree(staging, ignore_errors=True)
             raise PaperPending(f"{short} ({profile}): runs pending: {e.evalue}") from None
         shutil.rmtree(failed, ignore_errors=True)

@@ -387,3 +387,24 @@ def test_teachers_tables_and_gates_from_results():
     assert teacher_names(P, [], "smoke") == list(P["teachers"])
     with pytest.raises(ValueError, match="unknown teachers"):
         teacher_names(P, ["nope"], "smoke")
+
+
+def test_a_planned_teacher_not_trained_yet_is_pending_and_a_dry_run_gets_its_architecture(monkeypatch):
+    """The gpu profile's teachers exist only once a GPU window trained them: until then `get_teacher` says so
+    (TeacherPending, naming the profile to run), and a dry run builds random weights of the architecture the
+    teachers' profile gives them, so that a paper's gpu grid can be costed before any teacher exists."""
+    from attnrepro.pretrain import TeacherPending, get_teacher, planned_teachers
+    plan = planned_teachers()
+    assert plan["mae_cifar10_gpu"] == dict(profile="gpu", arch=dict(img_size=32, patch_size=4, embed_dim=192, depth=6,
+                                                                      num_heads=3))
+    assert plan["mae_cifar10_mini"]["profile"] == "mini"
+    monkeypatch.setenv("ATTNREPRO_TEACHERS", "")
+    monkeypatch.delenv("ATTNREPRO_TEACHER_URL", raising=False)
+    with pytest.raises(TeacherPending, match=r"'mae_cifar10_gpu'.*profile 'gpu'.*not trained yet.*--paper teachers --profile gpu"):
+        get_teacher("mae_cifar10_gpu")
+    with pytest.raises(ValueError, match="Unknown teacher 'no_such_teacher'"):   # a typo is still an error
+        get_teacher("no_such_teacher")
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    t = get_teacher("mae_cifar10_gpu")
+    assert (t.patch_embed.img_size, t.embed_dim, len(t.blocks), t.num_classes) == ((32, 32), 192, 6, 0)
+    assert t.teacher_cfg["sha256"] is None and "not trained yet" in t.teacher_cfg["source"]

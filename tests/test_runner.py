@@ -112,7 +112,7 @@ def test_bad_arguments(project):
         run_paper("nonb", "mini", root=project)
     with pytest.raises(ValueError, match=r"valid profiles: \['smoke', 'mini', 'gpu', 'paper'\]"):
         run_paper("demo", "tiny", root=project)
-    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run', 'warn_like_a_library'\]"):
+    with pytest.raises(ValueError, match=r"settable parameters: \['counter_file', 'fail_after_first_run', 'sleep_in_second_run', 'teacher', 'warn_like_a_library'\]"):
         run_paper("demo", "mini", root=project, params={"lr": 1})
     with pytest.raises(ValueError, match="reserved"):
         run_paper("demo", "mini", root=project, params={"profile": "paper"})
@@ -356,3 +356,19 @@ def test_prune_deletes_only_older_runs_the_manifest_does_not_use(project, monkey
     (project / "outputs" / "demo" / "manifest.json").write_text(json.dumps(man))
     with pytest.raises(ValueError, match=r"made with --param \['fail_after_first_run'\]"):
         prune_runs("demo", "mini", root=project)
+
+
+def test_a_project_teacher_not_trained_yet_leaves_the_paper_pending(project):
+    """A teacher papers/teachers/profiles.yaml defines but nobody trained yet (the gpu profile's before a GPU window):
+    the paper is pending (exit code 3 in the CLI), not failed, and the runs finished before it are kept."""
+    from attnrepro.runner import PaperPending
+    (project / "settings.ini").write_text("[DEFAULT]\nlib_name = attnrepro\n")   # the notebook's project root
+    (project / "papers" / "teachers").mkdir()
+    (project / "papers" / "teachers" / "profiles.yaml").write_text(
+        "gpu:\n  arch: {img_size: 32, patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
+        "  teachers:\n    demo_teacher_gpu: {algorithm: mae}\n")
+    p = {"counter_file": str(project / "calls.txt"), "teacher": "demo_teacher_gpu"}
+    with pytest.raises(PaperPending, match=r"teacher 'demo_teacher_gpu'.*profile 'gpu'.*not trained yet.*--profile gpu"):
+        run_paper("demo", "mini", root=project, params=p)
+    assert not (project / "outputs" / ".failed" / "mini" / "demo").exists()
+    assert len(list((project / "outputs" / "demo" / "runs").glob("*.json"))) == 1   # the first run is kept
