@@ -10,7 +10,8 @@
 #    It trains, in priority order, the queued runs whose projected cost fits in 8 minutes (`--budget-minutes`), as
 #    concurrent jobs on the one GPU, and packs every run JSON and teacher it finished into $OUT/window.tar.gz.
 # 3. Here again: tar -xzf <files_at>/window.tar.gz, then `attnrepro reproduce --profile gpu --paper <p>` with
-#    ATTNREPRO_CACHED_ONLY=1 where a paper's grid is complete, and commit the runs and outputs at once.
+#    ATTNREPRO_CACHED_ONLY=1 where a paper's grid is complete, `attnrepro queue` (outputs/gpu/QUEUE.md: what is left,
+#    now priced by this window's measured runs), and commit the runs and outputs at once.
 # GPU_WINDOW_PROFILE=smoke GPU_WINDOW_PAPERS="teachers" runs the same steps on the smoke profile for the named papers
 # (a check of the script on any machine; tests/test_budget.py runs it).
 set -euo pipefail
@@ -51,7 +52,9 @@ import torch; print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_av
 PY
 nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv 2>/dev/null || true
 stamp=$(mktemp); touch "$stamp"
-jobs=$(python3 -c "import torch; print(4 if torch.cuda.is_available() else 1)")
+# runs sharing the GPU at once: papers/gpu_queue.yaml's window_jobs (its estimates are per job slot)
+jobs=$(python3 -c "import torch, yaml; q = yaml.safe_load(open('papers/gpu_queue.yaml'))
+print(q.get('window_jobs', 4) if torch.cuda.is_available() else 1)")
 set +e
 papers=(); for p in ${GPU_WINDOW_PAPERS:-}; do papers+=(--paper "$p"); done
 python3 -c "import sys; from attnrepro.cli import main; sys.exit(main())" reproduce --profile "$PROFILE" --budget-minutes "$MINUTES" --executor local \
@@ -62,4 +65,6 @@ set -e
 find outputs -newer "$stamp" -type f \( -path '*/runs/*.json' -o -path 'outputs/teachers/weights/*' \) \
   -print > "$OUT/finished.txt"
 tar -czf "$OUT/window.tar.gz" -T "$OUT/finished.txt"
+# what is left, with projected GPU minutes (measured on what this window finished): printed and packed
+python3 -c "import sys; from attnrepro.cli import main; sys.exit(main())" queue 2>&1 | tee -a "$OUT/window.log" || true
 echo "window: exit $rc; $(wc -l < "$OUT/finished.txt") files in window.tar.gz ($(du -h "$OUT/window.tar.gz" | cut -f1))"

@@ -4,7 +4,7 @@
 
 # %% ../nbs/24_budget.ipynb #da6c855d
 from __future__ import annotations
-import json, os, time
+import csv, hashlib, json, os, re, time
 from pathlib import Path
 from typing import Mapping
 
@@ -13,9 +13,10 @@ import yaml
 from .core import project_root
 
 # %% auto #0
-__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'QUEUE_PROFILE', 'SEED_KEYS', 'BudgetExhausted', 'start_budget', 'clear_budget',
-           'seconds_left', 'measured_seconds', 'load_queue', 'queue_order', 'estimated_seconds', 'projected_seconds',
-           'fits']
+__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'QUEUE_PROFILE', 'SEED_KEYS', 'PLAN_DIR', 'PLAN_COLUMNS', 'QUEUE_REPORT',
+           'BudgetExhausted', 'start_budget', 'clear_budget', 'seconds_left', 'cost_key', 'measured_seconds',
+           'load_queue', 'queue_order', 'run_epochs', 'estimated_seconds', 'projected_seconds', 'fits', 'plan_path',
+           'write_plan', 'queue_status', 'queue_markdown']
 
 # %% ../nbs/24_budget.ipynb #fa8fd229
 BUDGET_ENV = "ATTNREPRO_BUDGET_DEADLINE"   # unix time after which no run may still be running
@@ -54,13 +55,15 @@ def _without_seeds(x):
     if isinstance(x, (list, tuple)): return [_without_seeds(v) for v in x]
     return x
 
-def _key(config) -> str: return json.dumps(_without_seeds(config), sort_keys=True, default=str)
+def cost_key(config) -> str:
+    "A short name of `config` up to its seeds: runs with the same cost key cost the same (a plan file stores it)."
+    return hashlib.sha256(json.dumps(_without_seeds(config), sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 _MEASURED: dict = {}   # runs_dir -> (mtime, {config key without seeds: [wall_time_s, ...]})
 
 def measured_seconds(config: Mapping, runs_dir: Path | str) -> float | None:
-    """Mean wall time (s) of the finished runs in `runs_dir` whose config equals `config` up to its seeds; None when
-    none has finished."""
+    """Mean wall time (s) of the finished runs in `runs_dir` whose config equals `config` (or its `cost_key`) up to its
+    seeds; None when none has finished."""
     d = Path(runs_dir)
     if not d.is_dir(): return None
     mtime = d.stat().st_mtime
@@ -71,9 +74,9 @@ def measured_seconds(config: Mapping, runs_dir: Path | str) -> float | None:
             try: rec = json.loads(p.read_text())
             except (OSError, ValueError): continue
             if isinstance(rec, dict) and "config" in rec and isinstance(rec.get("wall_time_s"), (int, float)):
-                table.setdefault(_key(rec["config"]), []).append(float(rec["wall_time_s"]))
+                table.setdefault(cost_key(rec["config"]), []).append(float(rec["wall_time_s"]))
         _MEASURED[str(d)] = hit = (mtime, table)
-    times = hit[1].get(_key(config))
+    times = hit[1].get(config if isinstance(config, str) else cost_key(config))
     return sum(times) / len(times) if times else None
 
 # %% ../nbs/24_budget.ipynb #5fe72557
@@ -95,9 +98,22 @@ def queue_order(root=None) -> list[str]:
     "The papers of the gpu queue, highest priority first."
     return [e["paper"] for e in load_queue(root)["order"]]
 
-def estimated_seconds(paper: str, name: str | None, queue: Mapping | None = None) -> float | None:
+def run_epochs(config) -> float | None:
+    "The epochs of a run config: the first `epochs` of a `train` section found depth-first; None without one."
+    if isinstance(config, Mapping):
+        t = config.get("train")
+        if isinstance(t, Mapping) and isinstance(t.get("epochs"), (int, float)): return float(t["epochs"])
+        config = list(config.values())
+    if isinstance(config, (list, tuple)):
+        for v in config:
+            if (e := run_epochs(v)) is not None: return e
+    return None
+
+def estimated_seconds(paper: str, name: str | None, queue: Mapping | None = None,
+                      epochs: float | None = None) -> float | None:
     """The queue's estimate for run `name` of `paper`: the longest run-name prefix of its `estimate_min` that `name`
-    starts with (`default` for any other run), in seconds; None when the queue has none."""
+    starts with (`default` for any other run), in seconds, scaled by `epochs` / the paper's `estimate_epochs` where
+    both are known (a 30-epoch sweep run costs 0.3 of a 100-epoch one); None when the queue has none."""
     if queue is None:
         try: queue = load_queue()
         except FileNotFoundError: return None
@@ -105,8 +121,10 @@ def estimated_seconds(paper: str, name: str | None, queue: Mapping | None = None
         if e["paper"] != paper: continue
         est = e.get("estimate_min", {})
         hits = [k for k in est if k != "default" and name and name.startswith(k)]
-        if hits: return 60.0 * est[max(hits, key=len)]
-        return 60.0 * est["default"] if "default" in est else None
+        key = max(hits, key=len) if hits else "default"
+        if key not in est: return None
+        scale = epochs / e["estimate_epochs"] if epochs and e.get("estimate_epochs") else 1.0
+        return 60.0 * est[key] * scale
     return None
 
 def projected_seconds(paper: str, name: str | None, config: Mapping, runs_dir: Path | str,
@@ -114,7 +132,7 @@ def projected_seconds(paper: str, name: str | None, config: Mapping, runs_dir: P
     "(projected seconds, where from: 'measured', 'estimated' (the queue's estimates: gpu profile only) or 'unknown') of one run."
     m = measured_seconds(config, runs_dir)
     if m is not None: return m, "measured"
-    e = estimated_seconds(paper, name, queue) if profile == QUEUE_PROFILE else None
+    e = estimated_seconds(paper, name, queue, run_epochs(config)) if profile == QUEUE_PROFILE else None
     return (e, "estimated") if e is not None else (None, "unknown")
 
 def fits(paper: str, name: str | None, config: Mapping, runs_dir: Path | str, queue: Mapping | None = None,
@@ -127,3 +145,119 @@ def fits(paper: str, name: str | None, config: Mapping, runs_dir: Path | str, qu
     if cost is None: return left > 0, f"cost unknown, {max(left, 0) / 60:.1f} min left"
     ok = cost <= left - running_s
     return ok, f"projected {cost / 60:.1f} min ({source}), {max(left, 0) / 60:.1f} min left"
+
+# %% ../nbs/24_budget.ipynb #0a52b005
+PLAN_DIR = "queue"   # outputs/gpu/<PLAN_DIR>/<paper>.csv: a paper's gpu grid, as its last dry run listed it
+PLAN_COLUMNS = ("run", "hash", "epochs", "cost_key")
+
+def plan_path(paper: str, root=None) -> Path:
+    return Path(root or project_root()) / "outputs" / QUEUE_PROFILE / PLAN_DIR / f"{paper}.csv"
+
+def write_plan(paper: str, runs: list[Mapping], root=None) -> Path:
+    """Write `paper`'s gpu grid (`runs`: dicts with PLAN_COLUMNS, in the notebook's order, as a gpu dry run built them);
+    `queue_status` reads it against the finished runs and the queue's estimates."""
+    p = plan_path(paper, root)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "w", newline="") as f:
+        w = csv.DictWriter(f, PLAN_COLUMNS)
+        w.writeheader()
+        w.writerows({k: r.get(k) for k in PLAN_COLUMNS} for r in runs)
+    return p
+
+def _finished(runs_dir: Path) -> dict[str, dict]:
+    """Finished run records by hash and by run name: wall minutes, device (else host), top-1 where the result has one.
+    By name too: a run whose config holds an upstream result (a gate run pins its teacher's sha256) has a hash no dry
+    run can know in advance."""
+    out = {}
+    for p in sorted(runs_dir.glob("*.json")) if runs_dir.is_dir() else []:
+        try: rec = json.loads(p.read_text())
+        except (OSError, ValueError): continue
+        if not isinstance(rec, dict) or not isinstance(rec.get("wall_time_s"), (int, float)): continue
+        res = rec.get("result") if isinstance(rec.get("result"), dict) else {}
+        top1 = next((res[k] for k in ("acc1", "top1") if isinstance(res.get(k), (int, float))), None)
+        out[p.stem] = dict(wall_min=rec["wall_time_s"] / 60, device=rec.get("device") or rec.get("host") or "", top1=top1)
+        if rec.get("name"): out[rec["name"]] = out[p.stem]
+    return out
+
+def queue_status(root=None) -> list[dict]:
+    """The gpu queue paper by paper, in priority order: whether it has a gpu profile and a plan, and each planned run
+    finished (wall minutes, device, top-1) or left (projected minutes: measured on finished runs of the same config
+    up to the seed, else the queue's estimate, else unknown)."""
+    root = Path(root or project_root())
+    q = load_queue(root)
+    out = []
+    for e in q["order"]:
+        paper = e["paper"]
+        prof = root / "papers" / paper / "profiles.yaml"
+        row = dict(paper=paper, why=e.get("why", ""), has_profile=prof.is_file() and bool(
+            re.search(rf"^{QUEUE_PROFILE}:", prof.read_text(), re.M)), plan=None, done=[], left=[],
+                   headline=e.get("headline"))
+        p = plan_path(paper, root)
+        if row["has_profile"] and p.is_file():
+            runs_dir = root / "outputs" / QUEUE_PROFILE / paper / "runs"
+            done = _finished(runs_dir)
+            row["plan"] = str(p.relative_to(root))
+            with open(p, newline="") as f:
+                for r in csv.DictReader(f):
+                    if rec := done.get(r["hash"]) or done.get(r["run"]):
+                        row["done"].append(dict(run=r["run"], **rec)); continue
+                    m = measured_seconds(r["cost_key"], runs_dir)
+                    est = estimated_seconds(paper, r["run"], q, float(r["epochs"]) if r["epochs"] else None)
+                    mins, src = ((m / 60, "measured") if m is not None else (est / 60, "estimated") if est is not None
+                                 else (None, "unknown"))
+                    row["left"].append(dict(run=r["run"], epochs=r["epochs"], projected_min=mins, source=src,
+                                            headline=bool(e.get("headline")) and e["headline"] in r["run"]))
+        out.append(row)
+    return out
+
+# %% ../nbs/24_budget.ipynb #4784188d
+QUEUE_REPORT = "QUEUE.md"   # outputs/gpu/QUEUE.md: what `queue_markdown` writes
+
+def _min(x) -> str: return "?" if x is None else f"{x:.1f}"
+
+def queue_markdown(rows: list[dict], root=None) -> str:
+    """The gpu queue in words and tables (`queue_status` rows): a summary line per paper (runs finished and left, the
+    run-minutes left and the GPU window minutes they take with the window's jobs sharing the GPU, the headline claim's
+    runs apart: the plan's runs whose name holds the queue's `headline` text), then per paper the
+    finished runs with their top-1 (what exists, published as it comes) and the runs left with projected minutes,
+    cumulated in the queue's order (a paper's headline runs come first)."""
+    q = load_queue(root)
+    jobs, budget = q.get("window_jobs", 1), q.get("window_budget_minutes", q.get("command_limit_minutes", 10))
+    lines = [f"# The gpu queue: what is trained, what is left", "",
+             f"Generated by `attnrepro queue` ({time.strftime('%Y-%m-%d')}); do not edit. Papers in priority order "
+             f"(papers/{QUEUE_FILE}). A GPU window runs `bash .device/gpu_window.sh {budget}` ({budget} minutes, {jobs} "
+             "runs sharing the GPU: docs/gpu.md). Minutes per run are measured on finished runs of the same config up "
+             "to the seed, else the queue's estimates (per job slot), else unknown ('?'); GPU minutes = run-minutes / "
+             f"{jobs} jobs; windows = GPU minutes / {budget}.", "",
+             "| priority | paper | runs finished | runs left | run-min left | GPU-min left | of which headline | windows | "
+             "waits for |", "|---:|:--|--:|--:|--:|--:|--:|--:|:--|"]
+    for i, r in enumerate(rows, 1):
+        left = [x["projected_min"] for x in r["left"]]
+        mins = sum(x for x in left if x is not None)
+        unknown = sum(x is None for x in left)
+        head = sum(x["projected_min"] or 0.0 for x in r["left"] if x["headline"]) / jobs
+        waits = ("its gpu profile (papers/<paper>/profiles.yaml)" if not r["has_profile"] else
+                 f"its plan: `attnrepro reproduce --paper {r['paper']} --profile gpu --dry-run --dry-run-quick`"
+                 if r["plan"] is None else "a GPU window" if left else "nothing: regenerate its outputs")
+        more = f" (+{unknown} unknown)" if unknown else ""
+        if r["plan"] is None:
+            lines.append(f"| {i} | {r['paper']} | {len(r['done'])} | - | - | - | - | - | {waits} |"); continue
+        head = f"{head:.0f}" if r["headline"] else "-"
+        lines.append(f"| {i} | {r['paper']} | {len(r['done'])} | {len(left)} | {mins:.0f}{more} | {mins / jobs:.0f}{more} | "
+                     f"{head} | {mins / jobs / budget:.1f} | {waits} |")
+    for r in rows:
+        if r["plan"] is None: continue
+        lines += ["", f"## {r['paper']}", "", f"First: {r['why']}" + (f" (the runs named '{r['headline']}')"
+                  if r["headline"] else "") + f". Plan: `{r['plan']}`.", ""]
+        if r["done"]:
+            lines += ["Finished (gpu profile):", "", "| run | wall min | device | top-1 % |", "|:--|--:|:--|--:|"]
+            lines += [f"| {x['run']} | {x['wall_min']:.1f} | {x['device']} | {_min(x['top1'])} |" for x in r["done"]]
+            lines.append("")
+        if r["left"]:
+            lines += ["Left, in the order the queue trains them:", "",
+                      "| run | epochs | projected min | from | cumulative GPU-min |", "|:--|--:|--:|:--|--:|"]
+            cum = 0.0
+            for x in r["left"]:
+                cum += (x["projected_min"] or 0.0) / jobs
+                lines.append(f"| {x['run']} | {x['epochs'] or '-'} | {_min(x['projected_min'])} | {x['source']} | {cum:.1f} |")
+    return "\n".join(lines) + "\n"

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--profile", default="mini", choices=PROFILES, help="whose runs (default mini: the committed ones)")
     pr.add_argument("--yes", action="store_true", help="delete them (default: only list what would go)")
     sub.add_parser("datasets", help="datasets and where each would be loaded from")
+    sub.add_parser("queue", help="the gpu queue: per paper, the runs trained and those left with projected GPU minutes "
+                   "(from each paper's plan and finished runs); writes outputs/gpu/QUEUE.md")
     rd = sub.add_parser("readme", help="regenerate the README's results table from outputs/<paper>/claims.csv")
     rd.add_argument("--check", action="store_true", help="only report whether it is stale (exit 1 if so)")
     s = sub.add_parser("site", help="static HTML of the results for readers without Jupyter: every executed paper "
@@ -151,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{n:22s} splits={','.join(info['splits']):12s} {info['found'] or 'NOT FOUND'}")
             return 0
         if args.command == "bench": return _bench(args)
+        if args.command == "queue":
+            from attnrepro.budget import QUEUE_PROFILE, QUEUE_REPORT, queue_markdown, queue_status
+            md = queue_markdown(queue_status())
+            out = project_root() / "outputs" / QUEUE_PROFILE / QUEUE_REPORT
+            atomic_write_text(out, md)
+            print(md.split("\n## ")[0].rstrip() + f"\n\nPer run: {out}")
+            return 0
         if args.command == "site":
             index = build_site(args.profile, args.out, papers=args.paper)
             print(f"open {index.resolve().as_uri()} in a browser")

@@ -275,10 +275,13 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                   quick: bool = False) -> dict:
     """Cost the grid of `short` at `profile` without training it: every run built at its real size, `steps` timed steps
     (`cpu_batch`: the batch a CPU times, default 8; `quick`: each step shape timed once, see `dryrun.dry_run_quick`). Returns dict(table=DataFrame, markdown, stopped=None or why the
-    notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>)."""
+    notebook stopped, out=folder of table_cost.csv/.md: `out_dir`, default outputs/dryrun/<paper>/<profile>, plan=every
+    run started, in order: run, hash, epochs, cost_key). At the gpu profile with the default `out_dir` a complete dry
+    run also writes the plan the gpu queue reads (`budget.write_plan`: outputs/gpu/queue/<paper>.csv, committed)."""
     import tempfile
     from nbclient.exceptions import DeadKernelError
     from papermill.exceptions import PapermillExecutionError
+    from attnrepro.budget import QUEUE_PROFILE, write_plan
     from attnrepro.dryrun import QUICK_CPU_HEAD_DIM, QUICK_CPU_MAX_WIDTH
     from attnrepro.scale import cost_markdown, cost_table, read_probes
     root = Path(root or project_root())
@@ -344,9 +347,11 @@ def dry_run_paper(short: str, profile: str = "smoke", steps: int = 2, cpu_batch:
                    + f" Dry run took {time.time() - t0:.0f} s.")
         md = caption + "\n\n" + (cost_markdown(df) if len(df) else "(no run reached a training step)") + "\n"
         df.to_csv(out / "table_cost.csv", index=False)
+        plan = list({r["hash"]: r for r in rows if r["kind"] == "start"}.values())   # every run of the grid, in order
+        if profile == QUEUE_PROFILE and out_dir is None and not stopped: write_plan(short, plan, root)   # the queue's
         atomic_write_text(out / "table_cost.md", md)
         if executed.exists(): shutil.copy(executed, out / f"{short}.ipynb")
-        return dict(table=df, markdown=md, stopped=stopped, out=out)
+        return dict(table=df, markdown=md, stopped=stopped, out=out, plan=plan)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

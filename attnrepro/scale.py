@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable
 
 from .core import atomic_write_json, cache_dir, config_hash
 from .dryrun import env_int
-from .budget import BudgetExhausted, fits, projected_seconds
+from .budget import BudgetExhausted, cost_key, fits, projected_seconds, run_epochs
 
 # %% auto #0
 __all__ = ['EXECUTORS', 'SLURM_ENV', 'SLURM_LIVE', 'JOB_LIVE', 'COUNT_COLUMNS', 'RunsPending', 'GridFailed', 'executor_name',
@@ -359,6 +359,7 @@ def dry_call(name: str | None, h: str) -> Callable:
         key = getattr(fn, "__qualname__", repr(fn))
         twin_key = key + " " + json.dumps(_without_seeds(config), sort_keys=True, default=str)
         _CURRENT.append(dict(run=name or h, hash=h))
+        _log_dry(dict(kind="start", cost_key=cost_key(config), epochs=run_epochs(config)))   # the gpu queue's plan
         try:
             if twin := _TWINS.get(twin_key):
                 if "error" in twin: raise RuntimeError(f"as its seed twin {twin['run']}: {twin['error']}")

@@ -97,3 +97,60 @@ def test_gpu_window_script_runs_the_queue_and_packs_what_finished(tmp_path):
     with tarfile.open(tmp_path / "window.tar.gz") as t:
         # nothing of the queued paper finished, so none of its runs is packed (other processes may write elsewhere)
         assert not [n for n in t.getnames() if "/teachers/" in n]
+
+
+def test_estimates_scale_with_the_runs_epochs():
+    from attnrepro.budget import estimated_seconds, run_epochs
+    q = {"order": [{"paper": "p", "estimate_epochs": 100, "estimate_min": {"default": 10.0, "copy": 20.0}}]}
+    assert run_epochs({"kind": "train", "schedule": {"train": {"epochs": 30, "lr": 1e-3}}}) == 30.0
+    assert run_epochs({"per_seed": {"0": {"ft": {"schedule": {"train": {"epochs": 100}}}}}}) == 100.0
+    assert run_epochs({"kind": "bench"}) is None
+    assert estimated_seconds("p", "copy teacher=x schedule=sweep", q, 30.0) == 60.0 * 20.0 * 0.3
+    assert estimated_seconds("p", "scratch", q, None) == 600.0            # no epochs known: not scaled
+    q["order"][0].pop("estimate_epochs")
+    assert estimated_seconds("p", "scratch", q, 30.0) == 600.0            # no reference epochs: not scaled
+
+
+def test_queue_status_reads_the_plan_against_the_finished_runs(tmp_path):
+    """`attnrepro queue`: a paper's plan (its gpu grid, as a dry run listed it) read against its finished runs: what
+    is done shows its wall time and top-1, what is left its projected minutes (measured on a finished run of the same
+    config up to the seed, else the queue's estimate scaled by epochs), the headline runs summed apart."""
+    from attnrepro.budget import cost_key, queue_markdown, queue_status, write_plan
+    from attnrepro.core import config_hash
+    (tmp_path / "papers" / "demo").mkdir(parents=True)
+    (tmp_path / "papers" / "demo" / "profiles.yaml").write_text("mini: {}\ngpu:\n  extends: mini\n")
+    (tmp_path / "papers" / "later").mkdir(parents=True)
+    (tmp_path / "papers" / "later" / "profiles.yaml").write_text("mini: {}\n")
+    (tmp_path / "papers" / "gpu_queue.yaml").write_text(
+        "window_jobs: 2\nwindow_budget_minutes: 8\norder:\n"
+        "  - {paper: demo, why: claim 1, headline: pilot, estimate_epochs: 100, estimate_min: {default: 10.0}}\n"
+        "  - {paper: later, why: claim 2, estimate_min: {default: 1.0}}\n")
+    cfg = lambda seed, ep, kind="pilot": {"kind": kind, "train": {"epochs": ep}, "seed": seed}
+    runs = [("scratch pilot s0", cfg(0, 100)), ("scratch pilot s1", cfg(1, 100)), ("copy sweep s0", cfg(0, 30, "sweep"))]
+    write_plan("demo", [dict(run=n, hash=config_hash(c), epochs=c["train"]["epochs"], cost_key=cost_key(c))
+                        for n, c in runs], tmp_path)
+    d = tmp_path / "outputs" / "gpu" / "demo" / "runs"
+    d.mkdir(parents=True)
+    (d / f"{config_hash(cfg(0, 100))}.json").write_text(json.dumps(
+        dict(config=cfg(0, 100), result={"acc1": 81.5}, wall_time_s=420.0, device="NVIDIA H200")))
+    demo, later = queue_status(tmp_path)
+    assert [x["run"] for x in demo["done"]] == ["scratch pilot s0"] and demo["done"][0]["top1"] == 81.5
+    left = {x["run"]: x for x in demo["left"]}
+    assert left["scratch pilot s1"]["projected_min"] == 7.0 and left["scratch pilot s1"]["source"] == "measured"
+    assert left["copy sweep s0"]["projected_min"] == 3.0 and left["copy sweep s0"]["source"] == "estimated"
+    assert left["scratch pilot s1"]["headline"] and not left["copy sweep s0"]["headline"]
+    assert later["has_profile"] is False and later["plan"] is None
+    md = queue_markdown([demo, later], tmp_path)
+    # 10 run-min left = 5 GPU-min with 2 jobs, 3.5 of them headline; 5 / 8 = 0.6 windows
+    assert "| 1 | demo | 1 | 2 | 10 | 5 | 4 | 0.6 | a GPU window |" in md, md
+    assert "| 2 | later | 0 | - | - | - | - | - | its gpu profile" in md
+    assert "| scratch pilot s0 | 7.0 | NVIDIA H200 | 81.5 |" in md
+
+
+def test_the_committed_queue_report_lists_every_queued_paper():
+    "outputs/gpu/QUEUE.md is what `attnrepro queue` writes (regenerated whenever a plan or a finished run changes)."
+    from attnrepro.budget import QUEUE_REPORT
+    from attnrepro.core import project_root
+    md = (project_root() / "outputs" / "gpu" / QUEUE_REPORT).read_text()
+    for paper in queue_order():
+        assert f"| {paper} |" in md, f"{paper} is missing from outputs/gpu/{QUEUE_REPORT}: run `attnrepro queue`"

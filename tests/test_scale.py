@@ -400,6 +400,10 @@ def test_dry_call_times_seed_twins_once_and_repeats_a_twin_failure(monkeypatch):
     assert scale.dry_call("b", "h2")(fn, dict(a, train={"seed": 0, "epochs": 3}), None) == {"top1": 3}
     assert len(calls) == 2   # a1 reused a0; b differs in more than its seeds
     twin = [p for p in scale.PROBES if p["hash"] == "h1"]
+    # each run opens with its start row (the gpu queue's plan: the run's cost key and epochs), then the twin's probes
+    assert twin[0]["kind"] == "start" and twin[0]["epochs"] == 2.0 and twin[0]["run"] == "a1"
+    assert twin[0]["cost_key"] == [p for p in scale.PROBES if p["hash"] == "h0"][0]["cost_key"]   # seeds apart: alike
+    twin = twin[1:]
     assert [p["kind"] for p in twin] == ["probe", "run"] and all(p["twin"] == "a0" for p in twin)
     assert twin[0]["step_s"] == 0.3 and twin[0]["run"] == "a1"
     with pytest.raises(MemoryError):   # no earlier result of fn stands in for the first failure ... (fresh key)
