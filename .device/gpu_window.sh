@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One lent GPU window spent on the gpu queue (issue 44; papers/gpu_queue.yaml says what runs first and why).
 #
-# 1. Here, on the CPU machine, once per session (needs only PyPI):
+# 1. Here, on the CPU machine, right before the window (needs only PyPI):
 #      bash .device/gpu_window.sh --prepare
 #    puts into .device/carry/ (git-ignored): Python 3.12 wheels of what the device image lacks (papermill, the Jupyter
-#    kernel, submitit, timm as pinned), and the offline data the queued recipes read (CIFAR-10's JPEG tarball).
+#    kernel, submitit, timm as pinned), and the offline data the queued recipes read (CIFAR-10's JPEG tarball; the
+#    32-px Tiny-ImageNet copy while a gpu teacher needs it); sets aside (untracked, ignored) the committed files the
+#    window does not need, so that what travels stays under 64 MiB; `bash .device/gpu_window.sh --restore` after it.
 # 2. Through the device tool, one command of at most 10 minutes:
 #      run(command="bash .device/gpu_window.sh 8", carry=[".device/carry"], timeout_s=600)
 #    It trains, in priority order, the queued runs whose projected cost fits in 8 minutes (`--budget-minutes`), as
@@ -30,10 +32,39 @@ if [ "${1:-}" = "--prepare" ]; then
     pure_eval decorator fastjsonschema jsonschema jsonschema-specifications referencing rpds-py platformdirs tenacity \
     submitit timm==1.0.31 ipython_pygments_lexers
   cp -f ../shared/data/cifar10-jpg.tar.gz "$CARRY/data/"
+  # Tiny-ImageNet's 32-px copy (14 MB; the 64-px zip, 101 MB, cannot travel) while a gpu teacher still needs it
+  if ls outputs/teachers/weights/{mae,supervised}_tiny_imagenet_gpu.safetensors >/dev/null 2>&1; then
+    rm -f "$CARRY/data/tiny-imagenet-32.tar.gz"
+  else
+    .venv/bin/python -c "from attnrepro.data import derive_tiny_imagenet_32 as d; d('$CARRY/data')"
+  fi
   # the device gets a copy of the tree without .git: the commit its runs record (prepare right before the window)
   git rev-parse HEAD > "$CARRY/COMMIT"
   [ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)outputs')" ] || echo "-dirty" >> "$CARRY/COMMIT"
-  du -sh "$CARRY"; exit 0
+  # What travels (tracked and untracked-not-ignored files, and the carry) must stay under the device tool's 64 MiB.
+  # The window needs none of the mini profile's teachers (21 MiB), executed notebooks and figures: they stay here,
+  # untracked and ignored for the window only (git rm --cached + .git/info/exclude; `--restore` right after it).
+  git ls-files -- 'outputs/teachers/weights/*_mini.*' 'outputs/*.ipynb' 'outputs/*.png' ':(exclude)outputs/gpu' \
+    > "$CARRY/slimmed.txt"
+  if [ -s "$CARRY/slimmed.txt" ]; then
+    git rm -q --cached --pathspec-from-file="$CARRY/slimmed.txt"
+    sed 's#^#/#' "$CARRY/slimmed.txt" >> .git/info/exclude
+  fi
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+  carry=$(du -sb "$CARRY" | cut -f1)
+  echo "travels: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB (device limit 64 MiB together);" \
+       "$(wc -l < "$CARRY/slimmed.txt") files set aside: run \`bash .device/gpu_window.sh --restore\` after the window"
+  [ $((tree + carry)) -lt $((64 * 1048576)) ] || { echo "over 64 MiB: carry less (see docs/gpu.md)"; exit 1; }
+  exit 0
+fi
+if [ "${1:-}" = "--restore" ]; then   # undo --prepare's setting aside: the files are tracked again, nothing changed
+  if [ -s "$CARRY/slimmed.txt" ]; then
+    git reset -q --pathspec-from-file="$CARRY/slimmed.txt"
+    grep -vxF -f <(sed 's#^#/#' "$CARRY/slimmed.txt") .git/info/exclude > .git/info/exclude.tmp || true
+    mv .git/info/exclude.tmp .git/info/exclude
+    rm -f "$CARRY/slimmed.txt"
+  fi
+  git status --short | head -5; exit 0
 fi
 MINUTES=${1:-8}
 PROFILE=${GPU_WINDOW_PROFILE:-gpu}

@@ -17,12 +17,12 @@ from .core import PACKAGE_DIR, cache_dir, project_root
 from .dryrun import dry_run_steps
 
 # %% auto #0
-__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'NOMINAL', 'IMAGENET_MEAN', 'IMAGENET_STD',
-           'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file', 'verify_archive',
-           'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec', 'register_dataset',
-           'SyntheticImageDataset', 'get_dataset', 'list_datasets', 'LabelledSubset', 'class_balanced_subset',
-           'denormalize', 'eval_view', 'eval_transform', 'eval_frame_boxes', 'train_crop', 'rand_augment',
-           'train_transform', 'make_embedded_sample']
+__all__ = ['SAMPLE_DIR', 'KNOWN_ARCHIVES', 'CIFAR10_CLASSES', 'CUB_FILES', 'DATASETS', 'TINY32', 'NOMINAL', 'IMAGENET_MEAN',
+           'IMAGENET_STD', 'AUGMENT_PRESETS', 'DataNotFoundError', 'ChecksumError', 'data_roots', 'sha256_file',
+           'verify_archive', 'ArrayImageDataset', 'FileImageDataset', 'LazyBoxes', 'Source', 'DatasetSpec',
+           'register_dataset', 'derive_tiny_imagenet_32', 'SyntheticImageDataset', 'get_dataset', 'list_datasets',
+           'LabelledSubset', 'class_balanced_subset', 'denormalize', 'eval_view', 'eval_transform', 'eval_frame_boxes',
+           'train_crop', 'rand_augment', 'train_transform', 'make_embedded_sample']
 
 # %% ../nbs/01_data.ipynb #a2fda146
 SAMPLE_DIR = PACKAGE_DIR / "sample_data"
@@ -350,6 +350,7 @@ class DatasetSpec:
     nominal_sizes: dict = field(default_factory=dict)  # split -> number of images
     nominal_classes: int = 0
     nominal_image: int = 0  # side of the stored images in pixels (a typical one where they vary)
+    derive: callable = None  # root -> None: make it into `root` from another dataset found here (offline, always tried)
 
 DATASETS: dict[str, DatasetSpec] = {}
 
@@ -372,6 +373,48 @@ register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     "there), or use the project's subset archive `tiny-imagenet-200-s200.zip` (200 train images per class + the "
     "full val set, in ../shared/data); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere",
     inclusive_boxes=True))
+TINY32 = "tiny-imagenet-32.tar.gz"   # Tiny-ImageNet's train images at 32 px: what a GPU window can carry (docs/gpu.md)
+
+def _decode_tiny32_tar(archive: Path) -> dict:
+    "`tiny-imagenet-32/classes.txt` (one class name a line) and `tiny-imagenet-32/train/<class index>/<file>.jpg`."
+    items, classes = [], None
+    with tarfile.open(archive) as tf:
+        for m in tf:
+            parts = Path(m.name).parts
+            if m.isfile() and parts[-1] == "classes.txt": classes = tf.extractfile(m).read().decode().splitlines()
+            elif m.isfile() and len(parts) >= 4 and parts[-3] == "train":
+                items.append((int(parts[-2]), parts[-1], tf.extractfile(m).read()))
+    if classes is None: raise KeyError(f"{archive} has no classes.txt")
+    items.sort(key=lambda t: t[:2])
+    return {"train": (np.stack([_decode(b, 32) for *_, b in items]), [c for c, *_ in items], {"classes": classes})}
+
+def derive_tiny_imagenet_32(dest: Path | str | None = None, quality: int = 75, source: str = "tiny-imagenet") -> Path:
+    """`tiny-imagenet-32.tar.gz` in `dest` (default: the cache's data root), made from the Tiny-ImageNet train images
+    found here, resized to 32 px (bicubic) and re-encoded as JPEG (quality 75, as the CIFAR-10 copy): 14 MB for the
+    40k-image subset against 101 MB for the 64-px zip, so that the gpu profile's Tiny-ImageNet teachers can travel in
+    a GPU window's carry. Deterministic member order and times; an existing file is kept."""
+    out = Path(dest or cache_dir("data")) / TINY32
+    if out.is_file(): return out
+    src = get_dataset(source, "train")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    def add(tf, name, data: bytes):
+        info = tarfile.TarInfo(f"tiny-imagenet-32/{name}")
+        info.size, info.mtime = len(data), 0
+        tf.addfile(info, io.BytesIO(data))
+    with tarfile.open(tmp, "w:gz") as tf:
+        add(tf, "classes.txt", "\n".join(src.classes).encode())
+        for i in tqdm(range(len(src)), desc=f"deriving {TINY32}", unit="img", mininterval=2):
+            buf = io.BytesIO()
+            Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC).save(buf, "JPEG", quality=quality)
+            add(tf, f"train/{src.targets[i]:03d}/{i:06d}.jpg", buf.getvalue())
+    os.replace(tmp, out)
+    return out
+
+register_dataset(DatasetSpec("tiny-imagenet-32", ("train",), [Source(TINY32, _decode_tiny32_tar)],
+    f"made here from Tiny-ImageNet (`tiny-imagenet`) on first use: `attnrepro.data.derive_tiny_imagenet_32()` writes "
+    f"{TINY32} into the cache's data root (or a folder you name)",
+    derive=lambda root: derive_tiny_imagenet_32(root), nominal_sizes={"train": 40000}, nominal_classes=200,
+    nominal_image=32))
 register_dataset(DatasetSpec("cifar10-sample", ("train", "test"),
     [Source("cifar10-sample.tar.gz", _decode_cifar_jpg_tar)], "it ships with the package: reinstall attnrepro",
     embedded=True))
@@ -544,6 +587,9 @@ def get_dataset(name: str, split: str, root: Path | str | None = None, transform
     if src is None and spec.download is not None and \
             (download or (download is None and os.environ.get("ATTNREPRO_DOWNLOAD") == "1")):
         spec.download(cache_dir("data"))  # the last data root, so the search below finds it
+        src, where = _find_source(spec, root)
+    if src is None and spec.derive is not None:   # made from another dataset found here (its own error if missing)
+        spec.derive(cache_dir("data"))
         src, where = _find_source(spec, root)
     if src is None and dry_run_steps() and split in spec.nominal_sizes:   # a dry run costs the grid without the data
         n, c, side = spec.nominal_sizes[split], spec.nominal_classes, spec.nominal_image

@@ -190,3 +190,22 @@ def test_denormalize_inverts_the_eval_normalisation():
     x = torch.rand(2, 3, 4, 4)
     torch.testing.assert_close(denormalize(Normalize(IMAGENET_MEAN, IMAGENET_STD)(x)), x)
     assert denormalize(torch.full((3, 2, 2), 100.0)).max() == 1.0
+
+
+def test_tiny_imagenet_32_is_derived_from_the_64_px_images(tmp_path):
+    """The gpu profile's Tiny-ImageNet teachers read a 32-px copy (`tiny-imagenet-32`, small enough for a GPU window's
+    carry), made here from the 64-px images: same classes and order, each image the bicubic 32-px resize up to JPEG."""
+    import numpy as np
+    from PIL import Image
+    from attnrepro.data import DATASETS, _decode_tiny32_tar, derive_tiny_imagenet_32
+    src = get_dataset("tiny-imagenet-sample", "train")
+    out = derive_tiny_imagenet_32(tmp_path, source="tiny-imagenet-sample")
+    assert out == tmp_path / "tiny-imagenet-32.tar.gz" and derive_tiny_imagenet_32(tmp_path) == out   # kept, not redone
+    images, targets, extra = _decode_tiny32_tar(out)["train"]
+    assert images.shape == (len(src), 32, 32, 3) and images.dtype == np.uint8
+    assert list(targets) == src.targets and extra["classes"] == src.classes
+    want = np.stack([np.asarray(Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC))
+                     for i in range(len(src))]).astype(float)
+    assert np.abs(images.astype(float) - want).mean() < 10.0   # JPEG q75 with chroma subsampling: ~7 (another image: ~60)
+    spec = DATASETS["tiny-imagenet-32"]
+    assert spec.derive is not None and spec.splits == ("train",)

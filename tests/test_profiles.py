@@ -59,16 +59,17 @@ def teacher_refs(profile):
 
 
 def planned_teachers():
-    return set(profiles("teachers")["mini"]["teachers"])
+    "The teachers the teachers notebook makes at mini (committed) and gpu (trained in GPU windows)."
+    return {name for prof in ("mini", "gpu") for name in profiles("teachers")[prof]["teachers"]}
 
 
 @pytest.mark.parametrize("paper", PAPERS)
-def test_has_all_three_profiles(paper):
-    assert {"smoke", "mini", "paper"} <= set(profiles(paper)), f"papers/{paper}/profiles.yaml"
+def test_has_all_four_profiles(paper):
+    assert {"smoke", "mini", "gpu", "paper"} <= set(profiles(paper)), f"papers/{paper}/profiles.yaml"
 
 
 @pytest.mark.parametrize("paper", PAPERS)
-@pytest.mark.parametrize("profile", ["smoke", "mini"])
+@pytest.mark.parametrize("profile", ["smoke", "mini", "gpu"])
 def test_named_datasets_are_registered(paper, profile):
     names = dataset_names(profiles(paper)[profile])
     assert names, f"{paper} {profile}: found no dataset names (test walker out of date?)"
@@ -82,7 +83,7 @@ def test_smoke_uses_only_embedded_data(paper):
 
 
 @pytest.mark.parametrize("paper", PAPERS)
-@pytest.mark.parametrize("profile", ["smoke", "mini"])
+@pytest.mark.parametrize("profile", ["smoke", "mini", "gpu"])
 def test_named_teachers_exist_or_are_planned(paper, profile):
     known = set(BUILTIN_TEACHERS) | set(teacher_names()) | planned_teachers()
     refs = teacher_refs(profiles(paper)[profile])
@@ -99,24 +100,27 @@ def test_walkers_find_what_they_should():
 def test_attention_transfer_pilot_is_the_teachers_gate_regime():
     """attention_transfer's pilot re-runs the teachers notebook's CIFAR-10 gate regime (whose seed spread and timings
     sized it) with the paper's four arms; smoke only has to exercise the same keys."""
-    at, teachers = profiles("attention_transfer"), profiles("teachers")["mini"]
-    gate = teachers["gates"]
-    task = gate["tasks"]["cifar10"]
-    for prof in ("smoke", "mini"):
+    at = profiles("attention_transfer")
+    for prof in ("smoke", "mini", "gpu"):
         P = at[prof]
         pl = P["pilot"]
         assert pl["data"] in P["data"] and pl["schedule"] in P["recipes"] and pl["teacher_key"] in P["teachers"], prof
         assert set(pl["arm_seeds"]) == {"scratch", "finetune", "copy", "distill"}, prof
         assert P["recipes"][pl["schedule"]]["val"] == "val" and not P["data"][pl["data"]].get("val_per_class"), prof
-    mini = at["mini"]
-    pl = mini["pilot"]
-    data, recipe = mini["data"][pl["data"]], mini["recipes"][pl["schedule"]]
-    assert {k: data[k] for k in task["data"]} == task["data"]            # cifar10, 500 per class, full test split
-    assert recipe["train"] == task["train"] and recipe["augment"] == task["augment"]
-    assert recipe.get("drop_path_rate", 0.0) == 0.0                      # the gate runs' students (scratch_student's default)
-    assert mini["shape"] == teachers["arch"]
-    assert mini["teachers"][pl["teacher_key"]] == "mae_cifar10_mini"
-    assert all(len(s) >= 2 for s in pl["arm_seeds"].values()) and pl["floor"] == gate["scratch_floor"]
+    for prof, headline in (("mini", "mae_cifar10_mini"), ("gpu", "mae_cifar10_gpu")):   # gpu: issue 44's regime
+        teachers = profiles("teachers")[prof]
+        gate = teachers["gates"]
+        task = gate["tasks"]["cifar10"]
+        P = at[prof]
+        pl = P["pilot"]
+        data, recipe = P["data"][pl["data"]], P["recipes"][pl["schedule"]]
+        assert {k: data.get(k) for k in task["data"]} == task["data"], prof   # cifar10, its subset, full test split
+        assert data.get("per_class") == task["data"].get("per_class"), prof  # mini 500 per class, gpu all 50k
+        assert recipe["train"] == task["train"] and recipe["augment"] == task["augment"], prof
+        assert recipe.get("drop_path_rate", 0.0) == 0.0                      # the gate runs' students (scratch_student's default)
+        assert P["shape"] == teachers["arch"], prof
+        assert P["teachers"][pl["teacher_key"]] == headline
+        assert all(len(s) >= 2 for s in pl["arm_seeds"].values()) and pl["floor"] == gate["scratch_floor"], prof
 
 
 def test_attndistill_headline_reuses_the_pilot_runs():
