@@ -739,7 +739,8 @@ def table_10(S: ShortRows, profile: str) -> tuple[pd.DataFrame, str]:
         "papers/attndistill/table10_rows.csv); the (f) 'weight by V' paper value "
         "is line 172, whose attribution to V or MSE is uncertain, and the MSE row's number is lost in the extraction; "
         "(f) 'AttnDistill' repeats line 141. "
-        + ("" if profile == "paper" else "Proxy: ImageNet-Subset -> Tiny-ImageNet subset at 64 px. ") +
+        + ("" if profile == "paper" else "Proxy: ImageNet-Subset -> " + {"tiny-imagenet": "Tiny-ImageNet subset",
+           "cifar10": "CIFAR-10"}.get(d := P["data"]["train"], d) + f" at {P['img_size']} px. ") +
         "Loss terms, last epoch's means (seed 0): L_feat (feature regression), L_a raw (the attention KL/MSE, unweighted), "
         "lambda x L_a, and attn term % of loss = 100 lambda x L_a / total loss (where heads are aggregated, log-sum at "
         "T = 10 flattens both maps, as in the official code, so the attention term weighs far less; see the note below). "
