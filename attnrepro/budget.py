@@ -206,7 +206,7 @@ def queue_status(root=None) -> list[dict]:
                     mins, src = ((m / 60, "measured") if m is not None else (est / 60, "estimated") if est is not None
                                  else (None, "unknown"))
                     row["left"].append(dict(run=r["run"], epochs=r["epochs"], projected_min=mins, source=src,
-                                            headline=bool(e.get("headline")) and e["headline"] in r["run"]))
+                                            headline=bool(e.get("headline") and re.search(e["headline"], r["run"]))))
         out.append(row)
     return out
 
@@ -218,7 +218,7 @@ def _min(x) -> str: return "?" if x is None else f"{x:.1f}"
 def queue_markdown(rows: list[dict], root=None) -> str:
     """The gpu queue in words and tables (`queue_status` rows): a summary line per paper (runs finished and left, the
     run-minutes left and the GPU window minutes they take with the window's jobs sharing the GPU, the headline claim's
-    runs apart: the plan's runs whose name holds the queue's `headline` text), then per paper the
+    runs apart: the plan's runs whose name matches the queue's `headline` regular expression), then per paper the
     finished runs with their top-1 (what exists, published as it comes) and the runs left with projected minutes,
     cumulated in the queue's order (a paper's headline runs come first)."""
     q = load_queue(root)

@@ -373,48 +373,63 @@ register_dataset(DatasetSpec("tiny-imagenet", ("train", "val"), [
     "there), or use the project's subset archive `tiny-imagenet-200-s200.zip` (200 train images per class + the "
     "full val set, in ../shared/data); `tiny-imagenet-sample` (embedded, 10 classes) runs offline anywhere",
     inclusive_boxes=True))
-TINY32 = "tiny-imagenet-32.tar.gz"   # Tiny-ImageNet's train images at 32 px: what a GPU window can carry (docs/gpu.md)
+TINY32 = "tiny-imagenet-32.tar.gz"   # Tiny-ImageNet at 32 px: what a GPU window can carry (docs/gpu.md)
 
 def _decode_tiny32_tar(archive: Path) -> dict:
-    "`tiny-imagenet-32/classes.txt` (one class name a line) and `tiny-imagenet-32/train/<class index>/<file>.jpg`."
-    items, classes = [], None
+    """`tiny-imagenet-32/classes.txt` (a class name a line), `<split>/<class index>/<n>.jpg` and `<split>-boxes.txt`
+    (`n x0 y0 x1 y1` a line, exclusive ends) for the splits train and val."""
+    items, boxes, classes = {"train": [], "val": []}, {"train": {}, "val": {}}, None
     with tarfile.open(archive) as tf:
         for m in tf:
             parts = Path(m.name).parts
-            if m.isfile() and parts[-1] == "classes.txt": classes = tf.extractfile(m).read().decode().splitlines()
-            elif m.isfile() and len(parts) >= 4 and parts[-3] == "train":
-                items.append((int(parts[-2]), parts[-1], tf.extractfile(m).read()))
+            if not m.isfile(): continue
+            if parts[-1] == "classes.txt": classes = tf.extractfile(m).read().decode().splitlines()
+            elif parts[-1].endswith("-boxes.txt") and parts[-1][:-10] in boxes:
+                rows = [l.split() for l in tf.extractfile(m).read().decode().splitlines() if l.strip()]
+                boxes[parts[-1][:-10]] = {int(r[0]): [[int(v) for v in r[1:5]]] for r in rows}
+            elif len(parts) >= 4 and parts[-3] in items:
+                items[parts[-3]].append((int(parts[-1].split(".")[0]), int(parts[-2]), tf.extractfile(m).read()))
     if classes is None: raise KeyError(f"{archive} has no classes.txt")
-    items.sort(key=lambda t: t[:2])
-    return {"train": (np.stack([_decode(b, 32) for *_, b in items]), [c for c, *_ in items], {"classes": classes})}
+    out = {}
+    for split, its in items.items():
+        its.sort()
+        extra = {"classes": classes, "boxes": [boxes[split][n] for n, *_ in its]} if boxes[split] else {"classes": classes}
+        out[split] = (np.stack([_decode(b, 32) for *_, b in its]), [c for _, c, _ in its], extra)
+    return out
 
 def derive_tiny_imagenet_32(dest: Path | str | None = None, quality: int = 75, source: str = "tiny-imagenet") -> Path:
-    """`tiny-imagenet-32.tar.gz` in `dest` (default: the cache's data root), made from the Tiny-ImageNet train images
-    found here, resized to 32 px (bicubic) and re-encoded as JPEG (quality 75, as the CIFAR-10 copy): 14 MB for the
-    40k-image subset against 101 MB for the 64-px zip, so that the gpu profile's Tiny-ImageNet teachers can travel in
-    a GPU window's carry. Deterministic member order and times; an existing file is kept."""
+    """`tiny-imagenet-32.tar.gz` in `dest` (default: the cache's data root), made from the Tiny-ImageNet found here
+    (`source`): both splits resized to 32 px (bicubic) and re-encoded as JPEG (quality 75, as the CIFAR-10 copy), boxes
+    halved (outward): 17 MB for the subset against 101 MB for the 64-px zip, so that the gpu profile's Tiny-ImageNet
+    teachers and targets can travel in a GPU window's carry. Deterministic member order and times; a file there is kept."""
     out = Path(dest or cache_dir("data")) / TINY32
     if out.is_file(): return out
-    src = get_dataset(source, "train")
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     def add(tf, name, data: bytes):
         info = tarfile.TarInfo(f"tiny-imagenet-32/{name}")
         info.size, info.mtime = len(data), 0
         tf.addfile(info, io.BytesIO(data))
     with tarfile.open(tmp, "w:gz") as tf:
-        add(tf, "classes.txt", "\n".join(src.classes).encode())
-        for i in tqdm(range(len(src)), desc=f"deriving {TINY32}", unit="img", mininterval=2):
-            buf = io.BytesIO()
-            Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC).save(buf, "JPEG", quality=quality)
-            add(tf, f"train/{src.targets[i]:03d}/{i:06d}.jpg", buf.getvalue())
+        for split in ("train", "val"):
+            src = get_dataset(source, split)
+            if split == "train": add(tf, "classes.txt", "\n".join(src.classes).encode())
+            for i in tqdm(range(len(src)), desc=f"deriving {TINY32} ({split})", unit="img", mininterval=2):
+                buf = io.BytesIO()
+                Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC).save(buf, "JPEG", quality=quality)
+                add(tf, f"{split}/{src.targets[i]:03d}/{i:06d}.jpg", buf.getvalue())
+            if src.boxes is not None:   # exclusive ends at 64 px -> 32 px, rounded outward
+                rows = [f"{i} {x0 // 2} {y0 // 2} {-(-x1 // 2)} {-(-y1 // 2)}" for i, b in enumerate(src.boxes)
+                        for x0, y0, x1, y1 in np.asarray(b).reshape(-1, 4)[:1].tolist()]
+                add(tf, f"{split}-boxes.txt", "\n".join(rows).encode())
     os.replace(tmp, out)
     return out
 
-register_dataset(DatasetSpec("tiny-imagenet-32", ("train",), [Source(TINY32, _decode_tiny32_tar)],
+register_dataset(DatasetSpec("tiny-imagenet-32", ("train", "val"), [Source(TINY32, _decode_tiny32_tar)],
     f"made here from Tiny-ImageNet (`tiny-imagenet`) on first use: `attnrepro.data.derive_tiny_imagenet_32()` writes "
     f"{TINY32} into the cache's data root (or a folder you name)",
-    derive=lambda root: derive_tiny_imagenet_32(root), nominal_sizes={"train": 40000}, nominal_classes=200,
-    nominal_image=32))
+    derive=lambda root: derive_tiny_imagenet_32(root), nominal_sizes={"train": 40000, "val": 10000},
+    nominal_classes=200, nominal_image=32))
+
 register_dataset(DatasetSpec("cifar10-sample", ("train", "test"),
     [Source("cifar10-sample.tar.gz", _decode_cifar_jpg_tar)], "it ships with the package: reinstall attnrepro",
     embedded=True))

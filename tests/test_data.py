@@ -198,14 +198,20 @@ def test_tiny_imagenet_32_is_derived_from_the_64_px_images(tmp_path):
     import numpy as np
     from PIL import Image
     from attnrepro.data import DATASETS, _decode_tiny32_tar, derive_tiny_imagenet_32
-    src = get_dataset("tiny-imagenet-sample", "train")
     out = derive_tiny_imagenet_32(tmp_path, source="tiny-imagenet-sample")
     assert out == tmp_path / "tiny-imagenet-32.tar.gz" and derive_tiny_imagenet_32(tmp_path) == out   # kept, not redone
-    images, targets, extra = _decode_tiny32_tar(out)["train"]
-    assert images.shape == (len(src), 32, 32, 3) and images.dtype == np.uint8
-    assert list(targets) == src.targets and extra["classes"] == src.classes
-    want = np.stack([np.asarray(Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC))
-                     for i in range(len(src))]).astype(float)
-    assert np.abs(images.astype(float) - want).mean() < 10.0   # JPEG q75 with chroma subsampling: ~7 (another image: ~60)
+    decoded = _decode_tiny32_tar(out)
+    for split in ("train", "val"):
+        src = get_dataset("tiny-imagenet-sample", split)
+        images, targets, extra = decoded[split]
+        assert images.shape == (len(src), 32, 32, 3) and images.dtype == np.uint8
+        assert list(targets) == src.targets and extra["classes"] == src.classes
+        want = np.stack([np.asarray(Image.fromarray(np.asarray(src.images[i])).resize((32, 32), Image.BICUBIC))
+                         for i in range(len(src))]).astype(float)
+        assert np.abs(images.astype(float) - want).mean() < 10.0   # JPEG q75, chroma subsampled: ~7 (another image: ~60)
+        # boxes (exclusive ends) halved, rounded outward: each 32-px box covers its 64-px box
+        for b64, b32 in zip(src.boxes, extra["boxes"]):
+            x0, y0, x1, y1 = np.asarray(b64).reshape(-1, 4)[0]
+            assert b32 == [[x0 // 2, y0 // 2, -(-x1 // 2), -(-y1 // 2)]]
     spec = DATASETS["tiny-imagenet-32"]
-    assert spec.derive is not None and spec.splits == ("train",)
+    assert spec.derive is not None and spec.splits == ("train", "val") and not spec.inclusive_boxes

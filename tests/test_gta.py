@@ -520,6 +520,20 @@ def test_a_dry_run_analyses_a_handful_of_images(monkeypatch):
     assert len(dry_run_head(data)) == DRY_RUN_IMAGES < 50 and len(dry_run_head(data, 100)) == 50
 
 
+def test_a_dry_run_draws_every_figure_image_of_a_box_target(monkeypatch):
+    "Fig. 1 takes `figure_images` maps in a dry run too, although the mask Jaccard reads only `DRY_RUN_IMAGES` images."
+    from attnrepro.data import eval_transform
+    from attnrepro.papers.gta import DRY_RUN_IMAGES, attention_outputs, target_dataset
+    spec = {"name": "tiny-imagenet-sample", "train": "train", "test": "val", "classes": None}
+    test = target_dataset(spec, "test", eval_transform(32))
+    assert test.boxes is not None and len(test) > 2 * DRY_RUN_IMAGES
+    model = create_student("vit", img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=5)
+    monkeypatch.setenv("ATTNREPRO_DRY_RUN", "1")
+    out = attention_outputs(model, test, dict(dataset=spec, img_size=32, keep_mass=0.6,
+                                              figure_images=DRY_RUN_IMAGES + 2))
+    assert len(out["maps"]) == DRY_RUN_IMAGES + 2 and "jaccard" in out
+
+
 # --- the paper notebook's runs and tables (issue #17: table assembly in the library) ----------------------------------
 
 class _FakePaperRun:

@@ -121,10 +121,10 @@ def run_config(recipe: Mapping, method: str, dset: str, rate: float, seed: int, 
 def attention_outputs(model: nn.Module, test, config: Mapping) -> dict:
     "Jaccard of the attention masks with the box masks (a target with boxes), and small maps of the first images (Fig. 1)."
     boxes = framed_boxes(config["dataset"], config["img_size"]) if getattr(test, "boxes", None) is not None else None
-    if boxes is not None and dry_run_steps():
-        test, boxes = dry_run_head(test), boxes[:DRY_RUN_IMAGES]
-    out = {} if boxes is None else attention_jaccard(model.eval(), test, keep_mass=config["keep_mass"], boxes=boxes)
-    n = config["figure_images"]   # all of them in a dry run too: Fig. 1 draws each
+    head = dry_run_head(test) if boxes is not None else test   # a dry run's Jaccard on its first images
+    out = {} if boxes is None else attention_jaccard(model.eval(), head, keep_mass=config["keep_mass"],
+                                                     boxes=boxes[:len(head)])
+    n = config["figure_images"]   # all of them in a dry run too: Fig. 1 draws each (from the uncut test set)
     if n:
         x = torch.stack([test[i][0] for i in range(n)])
         out["maps"] = cls_attention(model, x).round(decimals=5).tolist()
