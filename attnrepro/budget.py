@@ -236,9 +236,11 @@ def queue_markdown(rows: list[dict], root=None) -> str:
         mins = sum(x for x in left if x is not None)
         unknown = sum(x is None for x in left)
         head = sum(x["projected_min"] or 0.0 for x in r["left"] if x["headline"]) / jobs
+        too_long = sum(x is not None and x > budget for x in left)
         waits = ("its gpu profile (papers/<paper>/profiles.yaml)" if not r["has_profile"] else
                  f"its plan: `attnrepro reproduce --paper {r['paper']} --profile gpu --dry-run --dry-run-quick`"
-                 if r["plan"] is None else "a GPU window" if left else "nothing: regenerate its outputs")
+                 if r["plan"] is None else f"shorter recipes: {too_long} run(s) longer than a window" if too_long
+                 else "a GPU window" if left else "nothing: regenerate its outputs")
         more = f" (+{unknown} unknown)" if unknown else ""
         if r["plan"] is None:
             lines.append(f"| {i} | {r['paper']} | {len(r['done'])} | - | - | - | - | - | {waits} |"); continue
@@ -259,5 +261,6 @@ def queue_markdown(rows: list[dict], root=None) -> str:
             cum = 0.0
             for x in r["left"]:
                 cum += (x["projected_min"] or 0.0) / jobs
-                lines.append(f"| {x['run']} | {x['epochs'] or '-'} | {_min(x['projected_min'])} | {x['source']} | {cum:.1f} |")
+                long = " (longer than a window: never starts)" if (x["projected_min"] or 0) > budget else ""
+                lines.append(f"| {x['run']} | {x['epochs'] or '-'} | {_min(x['projected_min'])}{long} | {x['source']} | {cum:.1f} |")
     return "\n".join(lines) + "\n"

@@ -64,13 +64,17 @@ def planned_teachers():
 
 
 @pytest.mark.parametrize("paper", PAPERS)
-def test_has_all_four_profiles(paper):
-    assert {"smoke", "mini", "gpu", "paper"} <= set(profiles(paper)), f"papers/{paper}/profiles.yaml"
+def test_has_its_profiles(paper):
+    "smoke, mini and paper; gpu too for every paper of the gpu queue (papers/gpu_queue.yaml, issue 44)."
+    from attnrepro.budget import queue_order
+    want = {"smoke", "mini", "paper"} | ({"gpu"} if paper in queue_order() else set())
+    assert want <= set(profiles(paper)), f"papers/{paper}/profiles.yaml lacks {want - set(profiles(paper))}"
 
 
 @pytest.mark.parametrize("paper", PAPERS)
 @pytest.mark.parametrize("profile", ["smoke", "mini", "gpu"])
 def test_named_datasets_are_registered(paper, profile):
+    if profile not in profiles(paper): pytest.skip(f"{paper} has no {profile} profile (not in the gpu queue)")
     names = dataset_names(profiles(paper)[profile])
     assert names, f"{paper} {profile}: found no dataset names (test walker out of date?)"
     assert names <= set(list_datasets()), f"{paper} {profile}: unknown datasets {names - set(list_datasets())}"
@@ -85,6 +89,7 @@ def test_smoke_uses_only_embedded_data(paper):
 @pytest.mark.parametrize("paper", PAPERS)
 @pytest.mark.parametrize("profile", ["smoke", "mini", "gpu"])
 def test_named_teachers_exist_or_are_planned(paper, profile):
+    if profile not in profiles(paper): pytest.skip(f"{paper} has no {profile} profile (not in the gpu queue)")
     known = set(BUILTIN_TEACHERS) | set(teacher_names()) | planned_teachers()
     refs = teacher_refs(profiles(paper)[profile])
     assert refs <= known, f"{paper} {profile}: unknown teachers {refs - known}; known: {sorted(known)}"

@@ -60,7 +60,10 @@ def test_no_import_circle():
         assert not {t for t in graph[m] if t.startswith("attnrepro.papers")}, m
 
 
-LIBRARY_LINES = 16_100   # issue #46: the hand-written library smaller than the 16.1k lines it had grown to
+# issue #46: the hand-written library smaller than the 16.1k lines it had grown to (15,991 when it closed); raised on
+# purpose by issue #44's CPU side (+233: the gpu queue's plan and report, the 32-px Tiny-ImageNet a GPU window can
+# carry, a teacher not trained yet leaving its paper pending, the papers' gpu captions)
+LIBRARY_LINES = 16_300
 
 
 def test_the_library_stays_smaller_than_it_was():

@@ -25,7 +25,7 @@ from ..data import (DATASETS, IMAGENET_MEAN, IMAGENET_STD, class_balanced_subset
                             get_dataset, train_transform)
 from ..methods import create_method
 from ..models import count_flops, create_student, intermediate_features, teacher_available
-from ..pretrain import get_teacher
+from ..pretrain import get_teacher, planned_teachers
 from ..report import load_reported, side_by_side
 from ..scale import ProcessCache, dry_run_steps
 from ..train import CKPT_NAME, TrainConfig, evaluate, fit
@@ -112,10 +112,13 @@ def make_agent(vit, agent: Mapping, shared: bool = False) -> AgentCNN:
     return build_agent(vit, shared=shared, **agent_options(agent, shared))
 
 def teacher_status(spec) -> str | None:
-    "None if the pre-trained model can be loaded here (`models.teacher_available`), else why not."
+    """None if the pre-trained model can be loaded here (`models.teacher_available`; in a dry run also a planned project
+    teacher, which `get_teacher` builds with random weights), else why not, naming the teachers profile that trains it."""
     if spec is None: return "none"
-    return None if teacher_available(spec) else (f"pending: teacher {spec!r} is not built yet (run `attnrepro "
-                                                 "reproduce --paper teachers --profile mini`)")
+    plan = planned_teachers().get(spec) if isinstance(spec, str) else None
+    if teacher_available(spec) or (plan and dry_run_steps()): return None
+    return (f"pending: teacher {spec!r} is not built yet (run `attnrepro reproduce --paper teachers --profile "
+            f"{(plan or {}).get('profile', 'mini')}`)")
 
 def viz_layers(depth: int) -> list[int]:
     "1-based blocks shown in Tables 8-11: a third, two thirds and all of the depth (paper: 2, 4, 6 of 6)."
@@ -476,14 +479,21 @@ def paper_requirements(recipe: Mapping) -> dict:
               + ", ".join(d["label"] for d in P["datasets"].values()) + " (the authors used two A100 GPUs)")
     return dict(trains=trains, datasets=[d["name"] for d in P["datasets"].values()])
 
+def _size_tag(recipe: Mapping) -> str:
+    "'/k' where the profile's ViT-S is the paper's (288 wide) at 1/k of its width (mini: '/4'); '' at the paper's width."
+    k = 288 / recipe["vits"]["S"]["embed_dim"]
+    return "" if k == 1 else f"/{k:.3g}"
+
 def table_2(recipe: Mapping, profile: str) -> tuple[pd.DataFrame, str]:
     "Table 2: layers, width and heads of the ViTs and agents at this profile beside the paper's. Returns (table, caption)."
     P = recipe
     t2 = pd.DataFrame([dict(model=f"{kind}-{s}", layers=v["depth"], hidden_size=v["embed_dim"], heads=v["num_heads"])
                        for kind in ("ViT", "Agent") for s, v in P["vits"].items()])
     t2 = beside("table2_configs", t2, on=["model"], values=["layers", "hidden_size", "heads"], profile=profile)
+    t = _size_tag(P)   # ViT-B scaled as ViT-S below the paper profile
     return t2, (f"Configurations of the ViTs and agents (Table 2). Ours at {P['img_size']} px, patch {P['patch_size']}"
-                f"{'; ViT-S/4 and ViT-B/4 are the paper sizes at a quarter of the width' if profile != 'paper' else ''}.")
+                + (f"; ViT-S{t} and ViT-B{t} are the paper sizes at "
+                   f"{ {'/4': 'a quarter of', '/2': 'half'}.get(t, '1' + t + ' of')} the width" if t else "") + ".")
 
 def table_agent_layers(recipe: Mapping, arch: str, profile: str) -> tuple[pd.DataFrame, str]:
     """Table 6 (`arch` "base") or 7 ("res_like"): our AgentCNN per ViT size (`agent_stages`) beside the paper's."""
@@ -530,7 +540,7 @@ def table_pilot(recipe: Mapping, runs: Mapping[str, list], epochs: int) -> tuple
     (psd, pdf), r0, v, IMG = pilot.attrs["pooled_sd"], runs["ViT (scratch)"][0], P["vits"]["S"], P["img_size"]
     return pilot, (
         f"Pilot of the CIFAR-10 regime: {d['name']} {r0['n_train']} train images ({PL['fraction']:.0%}), "
-        f"{r0['n_val']} test images, {IMG} px, ViT-S/4 (embed {v['embed_dim']}, depth {v['depth']}, "
+        f"{r0['n_val']} test images, {IMG} px, ViT-S{_size_tag(P)} (embed {v['embed_dim']}, depth {v['depth']}, "
         f"{v['num_heads']} heads) with patch {PL['patch_size']} ({(IMG // PL['patch_size']) ** 2} tokens), {epochs} "
         f"epochs, the headline recipe; Joint = ViT + res-like agent, mutual KD and feature hints (the jointly "
         f"trained agent CNN scores {agent_accs}). Pooled seed sd {psd:.2f} (df {pdf:.0f}); chance "
@@ -642,7 +652,7 @@ def teacher_gate(spec, which: str = "fine-tune", root=None) -> Verdict | None:
     naming `which`: by default fine-tuning's, what a pre-trained row rests on); None where none is (a hub teacher)."""
     if not isinstance(spec, str): return None
     from attnrepro.runner import output_dir
-    path = output_dir("teachers", "mini", root) / "table_gates.csv"
+    path = output_dir("teachers", planned_teachers(root).get(spec, {}).get("profile", "mini"), root) / "table_gates.csv"
     if not path.is_file(): return None
     g = pd.read_csv(path)
     rows = g[(g["teacher"] == spec) & g["gate"].str.contains(which, regex=False)]
