@@ -482,6 +482,13 @@ def train_record(runs_dir: Path | str, paper: str, profile: str, config, fn, nam
     not resumed). `write=False`: train without writing (a non-zero rank of a multi-GPU job). `call(fn, config, ckpt)`
     replaces the plain call (a dry run's probe)."""
     h = config_hash(config)
+    if profile == "gpu" and call is None and os.environ.get("ATTNREPRO_GPU_PROFILE_ON_CPU") != "1":
+        import torch   # the gpu profile's runs are sized for a GPU window: hours each on a CPU
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"run {name or h!r} of {paper} is a gpu-profile run and this machine has no CUDA device: "
+                               "it trains in lent GPU windows (docs/gpu.md). Here: cost its grid with `--dry-run`, see "
+                               "what is left with `attnrepro queue`, publish finished runs with ATTNREPRO_CACHED_ONLY=1; "
+                               "ATTNREPRO_GPU_PROFILE_ON_CPU=1 trains it on the CPU anyway")
     t0, commit = time.time(), git_commit()  # the code the run starts from, not whatever HEAD is at its end
     ckpt = run_ckpt_dir(paper, profile, h)
     if force and any(ckpt.iterdir()):   # force means train again, not resume a finished checkpoint
