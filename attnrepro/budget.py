@@ -165,7 +165,7 @@ def write_plan(paper: str, runs: list[Mapping], root=None) -> Path:
     return p
 
 def _finished(runs_dir: Path) -> dict[str, dict]:
-    """Finished run records by hash and by run name: wall minutes, device (else host), top-1 where the result has one.
+    """Finished run records by hash and by run name: wall minutes, device, top-1 where the result has one.
     By name too: a run whose config holds an upstream result (a gate run pins its teacher's sha256) has a hash no dry
     run can know in advance."""
     out = {}
@@ -175,7 +175,8 @@ def _finished(runs_dir: Path) -> dict[str, dict]:
         if not isinstance(rec, dict) or not isinstance(rec.get("wall_time_s"), (int, float)): continue
         res = rec.get("result") if isinstance(rec.get("result"), dict) else {}
         top1 = next((res[k] for k in ("acc1", "top1") if isinstance(res.get(k), (int, float))), None)
-        out[p.stem] = dict(wall_min=rec["wall_time_s"] / 60, device=rec.get("device") or rec.get("host") or "", top1=top1)
+        host = rec.get("host") if isinstance(rec.get("host"), dict) else {}   # report.run_host(): the device it ran on
+        out[p.stem] = dict(wall_min=rec["wall_time_s"] / 60, device=host.get("device_name") or "", top1=top1)
         if rec.get("name"): out[rec["name"]] = out[p.stem]
     return out
 

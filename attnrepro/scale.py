@@ -331,6 +331,9 @@ def run_grid(pr, items: list, fn: Callable, executor: str, depends: Callable | N
             f"this call, {len(left)} left (projected {known / 60:.1f} job-minutes" + (f", {sum(p is None for p in proj)} "
             "of unknown cost" if None in proj else "") + "): " + "; ".join(f"{label(h)} ({deferred.get(h, 'waits')})"
             for h in left[:8]) + (" ..." if len(left) > 8 else "") + ". Run the same command in the next window.")
+    if failed and all("TeacherPending" in w for w in failed.values()):   # a teacher not trained yet: wait, not fail
+        raise RunsPending(f"{pr.paper} ({pr.profile}): {len(failed)} run(s) wait for a teacher not trained yet: "
+                          + "; ".join(label(h) for h in failed) + f". {len(fresh)} run(s) finished in this call are kept.")
     if failed or left:
         blocked = [label(h) for h in left if h not in failed]
         raise GridFailed(f"{len(failed)} run(s) of the grid failed: " + "; ".join(f"{label(h)} ({h}): {w}"

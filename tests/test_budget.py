@@ -133,7 +133,7 @@ def test_queue_status_reads_the_plan_against_the_finished_runs(tmp_path):
     d = tmp_path / "outputs" / "gpu" / "demo" / "runs"
     d.mkdir(parents=True)
     (d / f"{config_hash(cfg(0, 100))}.json").write_text(json.dumps(
-        dict(config=cfg(0, 100), result={"acc1": 81.5}, wall_time_s=420.0, device="NVIDIA H200")))
+        dict(config=cfg(0, 100), result={"acc1": 81.5}, wall_time_s=420.0, host={"device_name": "NVIDIA H200"})))
     demo, later = queue_status(tmp_path)
     assert [x["run"] for x in demo["done"]] == ["scratch pilot s0"] and demo["done"][0]["top1"] == 81.5
     left = {x["run"]: x for x in demo["left"]}

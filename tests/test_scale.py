@@ -487,3 +487,17 @@ def test_quick_dry_run_on_a_cpu_builds_vits_wider_than_vit_s_narrower(monkeypatc
                           epochs=1, train_h=1.0, eval_h=0.0)]
     status = scale.cost_table(rows).set_index("run").loc["r0", "status"]
     assert status == "ok; ViT width 1024 -> 256 (quick, CPU: hours not the recipe's)"
+
+
+def test_grid_runs_waiting_for_an_untrained_teacher_leave_the_grid_pending(env, monkeypatch):
+    "A local job that needs a teacher not trained yet (`TeacherPending`) leaves its paper pending, not failed."
+    monkeypatch.setenv("ATTNREPRO_EXECUTOR", "local")
+    def fn(cfg, ckpt_dir):
+        if cfg["seed"] == 1:
+            from attnrepro.pretrain import TeacherPending
+            raise TeacherPending("teacher 'mae_cifar10_gpu' is not trained yet")
+        return {"value": 0}
+    pr = PaperRun("grid", "smoke", env)
+    with pytest.raises(RunsPending, match=r"1 run\(s\) wait for a teacher not trained yet: arm a seed 1"):
+        pr.run_many(GRID, fn)
+    assert (pr.runs_dir / f"{config_hash(GRID[0][1])}.json").exists()   # the other run finished and is kept
