@@ -120,8 +120,11 @@ timeout -s INT -k 30 $(( (${MINUTES%.*} + 1) * 60 )) \
   --budget-minutes "$MINUTES" --executor local --local-jobs "$jobs" --log-output "${papers[@]}" 2>&1 | tee "$OUT/window.log"
 rc=${PIPESTATUS[0]}
 set -e
+# runs the time limit stopped: what they did (runs/<hash>.unfinished), so that the queue prices them from it
+python3 -c "from attnrepro.budget import record_unfinished as r; print(*r(), sep='\n')" 2>&1 | tee -a "$OUT/window.log" || true
 # every run and teacher this window finished (exit 3 = budget spent, runs kept; 1 = a paper failed: see the log)
-find outputs -newer "$stamp" -type f \( -path '*/runs/*.json' -o -path 'outputs/teachers/weights/*' \) \
+find outputs -newer "$stamp" -type f \( -path '*/runs/*.json' -o -path '*/runs/*.unfinished' \
+  -o -path 'outputs/teachers/weights/*' \) \
   -print > "$OUT/finished.txt"
 tar -czf "$OUT/window.tar.gz" -T "$OUT/finished.txt"
 # what is left, with projected GPU minutes (measured on what this window finished): printed and packed

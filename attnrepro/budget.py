@@ -10,13 +10,13 @@ from typing import Mapping
 
 import yaml
 
-from .core import project_root
+from .core import cache_dir, config_hash, project_root
 
 # %% auto #0
-__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'QUEUE_PROFILE', 'SEED_KEYS', 'PLAN_DIR', 'PLAN_COLUMNS', 'QUEUE_REPORT',
+__all__ = ['BUDGET_ENV', 'QUEUE_FILE', 'QUEUE_PROFILE', 'SEED_KEYS', 'PLAN_DIR', 'PLAN_COLUMNS', 'UNFINISHED', 'QUEUE_REPORT',
            'BudgetExhausted', 'start_budget', 'clear_budget', 'seconds_left', 'cost_key', 'measured_seconds',
            'load_queue', 'queue_order', 'run_epochs', 'estimated_seconds', 'projected_seconds', 'fits', 'plan_path',
-           'write_plan', 'queue_status', 'queue_markdown']
+           'write_plan', 'queue_status', 'unfinished_seconds', 'record_unfinished', 'queue_markdown']
 
 # %% ../nbs/24_budget.ipynb #fa8fd229
 BUDGET_ENV = "ATTNREPRO_BUDGET_DEADLINE"   # unix time after which no run may still be running
@@ -129,9 +129,12 @@ def estimated_seconds(paper: str, name: str | None, queue: Mapping | None = None
 
 def projected_seconds(paper: str, name: str | None, config: Mapping, runs_dir: Path | str,
                       queue: Mapping | None = None, profile: str = QUEUE_PROFILE) -> tuple[float | None, str]:
-    "(projected seconds, where from: 'measured', 'estimated' (the queue's estimates: gpu profile only) or 'unknown') of one run."
+    """(projected seconds, where from: 'measured', 'measured (unfinished)' (extrapolated from a run a window stopped:
+    `record_unfinished`), 'estimated' (the queue's estimates: gpu profile only) or 'unknown') of one run."""
     m = measured_seconds(config, runs_dir)
     if m is not None: return m, "measured"
+    u = unfinished_seconds(config_hash(config), runs_dir)
+    if u is not None: return u, "measured (unfinished)"
     e = estimated_seconds(paper, name, queue, run_epochs(config)) if profile == QUEUE_PROFILE else None
     return (e, "estimated") if e is not None else (None, "unknown")
 
@@ -203,13 +206,50 @@ def queue_status(root=None) -> list[dict]:
                     if rec := done.get(r["hash"]) or done.get(r["run"]):
                         row["done"].append(dict(run=r["run"], **rec)); continue
                     m = measured_seconds(r["cost_key"], runs_dir)
+                    u = unfinished_seconds(r["hash"], runs_dir)
                     est = estimated_seconds(paper, r["run"], q, float(r["epochs"]) if r["epochs"] else None)
-                    mins, src = ((m / 60, "measured") if m is not None else (est / 60, "estimated") if est is not None
-                                 else (None, "unknown"))
+                    mins, src = ((m / 60, "measured") if m is not None else (u / 60, "measured (unfinished)")
+                                 if u is not None else (est / 60, "estimated") if est is not None else (None, "unknown"))
                     row["left"].append(dict(run=r["run"], epochs=r["epochs"], projected_min=mins, source=src,
                                             headline=bool(e.get("headline") and re.search(e["headline"], r["run"]))))
         out.append(row)
     return out
+
+# %% ../nbs/24_budget.ipynb #89f56d92
+UNFINISHED = ".unfinished"   # runs/<hash>.unfinished: what a window that stopped run <hash> had done (JSON)
+
+def unfinished_seconds(h: str, runs_dir: Path | str) -> float | None:
+    """The full cost of run `h` extrapolated from the window that stopped it (`record_unfinished`): its wall time over
+    the epochs it finished, times its epochs (no epoch finished: its time for one); None without such a record."""
+    try: rec = json.loads((Path(runs_dir) / f"{h}{UNFINISHED}").read_text())
+    except (OSError, ValueError): return None
+    if not rec.get("epochs") or not isinstance(rec.get("wall_time_s"), (int, float)): return None
+    return rec["wall_time_s"] * rec["epochs"] / max(rec.get("epoch") or 0, 1)
+
+def record_unfinished(root=None) -> list[Path]:
+    """After a window stopped its runs (.device/gpu_window.sh): each gpu-profile run with a checkpoint in the cache but
+    no result gets runs/<hash>.unfinished (the epochs its checkpoint finished, of its plan's, and the training time),
+    so that the queue projects its whole cost from what it measured, and does not start it again on an estimate that
+    did not hold. Its checkpoint stays behind: weights and optimiser state (~32 MB for a ViT-192/6) cannot travel
+    back beside a window's data within the device's 64 MiB, so runs are sized to finish inside one window."""
+    import torch
+    root = Path(root or project_root())
+    written = []
+    for d in sorted(cache_dir("checkpoints").glob(f"*/{QUEUE_PROFILE}/*")):
+        paper, h, ck = d.parent.parent.name, d.name, d / "checkpoint.pth"
+        runs = root / "outputs" / QUEUE_PROFILE / paper / "runs"
+        if (runs / f"{h}.json").exists() or not ck.is_file(): continue
+        p = plan_path(paper, root)
+        plan = {r["hash"]: r for r in csv.DictReader(open(p, newline=""))} if p.is_file() else {}
+        c = torch.load(ck, map_location="cpu", weights_only=False)
+        epochs = plan.get(h, {}).get("epochs")
+        rec = dict(hash=h, run=plan.get(h, {}).get("run"), epoch=c.get("epoch"), step=c.get("step"),
+                   epochs=float(epochs) if epochs else None, wall_time_s=c.get("wall_time_s"),
+                   stopped=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        runs.mkdir(parents=True, exist_ok=True)
+        (runs / f"{h}{UNFINISHED}").write_text(json.dumps(rec, indent=1) + "\n")
+        written.append(runs / f"{h}{UNFINISHED}")
+    return written
 
 # %% ../nbs/24_budget.ipynb #4784188d
 QUEUE_REPORT = "QUEUE.md"   # outputs/gpu/QUEUE.md: what `queue_markdown` writes

@@ -171,3 +171,32 @@ def test_a_gpu_profile_run_does_not_start_on_a_cpu_unasked(tmp_path, monkeypatch
         pr.run({"method": "copy", "seed": 0}, lambda c, d: {"acc1": 1.0}, "copy-s0")
     _finished(pr.runs_dir, {"method": "copy", "seed": 1}, wall=60.0)   # finished in a window: read, not trained
     assert pr.run({"method": "copy", "seed": 1}, lambda c, d: {"acc1": 1.0}, "copy-s1") == {"acc1": 50.0}
+
+
+def test_a_run_a_window_stopped_is_priced_from_what_it_did(tmp_path, monkeypatch):
+    """A run stopped by the window's time limit leaves a checkpoint in the device's cache: `record_unfinished` turns it
+    into runs/<hash>.unfinished (epochs done, training time), and the queue then projects the whole run from it (a
+    measurement) instead of retrying it on the estimate that did not hold."""
+    import torch
+    from attnrepro.budget import cost_key, projected_seconds, queue_status, record_unfinished, write_plan
+    monkeypatch.setenv("ATTNREPRO_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "papers" / "demo").mkdir(parents=True)
+    (tmp_path / "papers" / "demo" / "profiles.yaml").write_text("gpu: {}\n")
+    (tmp_path / "papers" / "gpu_queue.yaml").write_text(
+        "order:\n  - {paper: demo, why: claim 1, estimate_epochs: 100, estimate_min: {default: 4.0}}\n")
+    cfg = {"kind": "train", "train": {"epochs": 100}, "seed": 0}
+    h = config_hash(cfg)
+    write_plan("demo", [dict(run="scratch s0", hash=h, epochs=100, cost_key=cost_key(cfg))], tmp_path)
+    ck = tmp_path / "cache" / "checkpoints" / "demo" / "gpu" / h
+    ck.mkdir(parents=True)
+    torch.save(dict(format=1, epoch=20, step=3900, wall_time_s=120.0, model={}), ck / "checkpoint.pth")
+    runs = tmp_path / "outputs" / "gpu" / "demo" / "runs"
+    assert projected_seconds("demo", "scratch s0", cfg, runs, load_queue(tmp_path)) == (240.0, "estimated")
+    [p] = record_unfinished(tmp_path)
+    assert p == runs / f"{h}.unfinished" and json.loads(p.read_text())["epoch"] == 20
+    assert projected_seconds("demo", "scratch s0", cfg, runs, load_queue(tmp_path)) == (600.0, "measured (unfinished)")
+    [demo] = queue_status(tmp_path)
+    assert demo["left"][0]["projected_min"] == 10.0 and demo["left"][0]["source"] == "measured (unfinished)"
+    start_budget(8.5)
+    ok, why = fits("demo", "scratch s0", cfg, runs, load_queue(tmp_path))
+    assert not ok and "projected 10.0 min (measured (unfinished))" in why
